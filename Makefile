@@ -1,0 +1,83 @@
+# Conflux developer commands. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUNTIME := .runtime
+export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
+PYTEST_ARGS ?=
+
+.PHONY: help setup jars dagster-home broker-start broker-stop broker-status demo ui test test-unit \
+	test-integration test-e2e lint format typecheck bench clean
+
+help: ## List every target
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Conflux needs Python 3.11"' \
+		|| { echo "error: $(PYTHON) is not Python 3.11: set PYTHON=/path/to/python3.11"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+setup: $(STAMP) jars dagster-home ## Create the venv, install Python deps, fetch the pinned jars once
+	@echo "setup done: runtime folder $(RUNTIME)/, Dagster home $(DAGSTER_HOME)"
+
+jars: $(STAMP) ## Fetch the pinned JVM jars from Maven Central (skipped when up to date)
+	$(PY) platform/jvm/fetch_jars.py
+
+dagster-home: ## Create the Dagster instance folder from platform/dagster/dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	@cp platform/dagster/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+
+broker-start: setup ## Start the local Kafka broker (KRaft) on 127.0.0.1
+	$(PY) platform/kafka/broker.py start
+
+broker-stop: ## Stop the local Kafka broker
+	$(PY) platform/kafka/broker.py stop
+
+broker-status: ## Show the local Kafka broker's state and health
+	$(PY) platform/kafka/broker.py status
+
+demo: broker-start ## Run the demo: events to Kafka + files, ingested to bronze Delta by Dagster
+	$(PY) platform/demo/produce_sample.py
+	$(VENV)/bin/dagster job execute -m assets.definitions -a defs -j ingest_incremental
+	$(PY) platform/demo/show_tables.py
+	@echo; echo "Open the UI with: make ui   (then http://127.0.0.1:3000)"
+
+ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000
+	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+test: setup ## Run the whole test suite (unit, integration, end-to-end)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-unit: setup ## Run the unit tests only (no JVM)
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup ## Run the integration tests (real Spark, Delta, Kafka)
+	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: setup ## Run the end-to-end tests (Dagster launching real Spark jobs)
+	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
+
+lint: $(STAMP) ## Ruff lint and format check, then the type checker
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(MAKE) typecheck
+
+format: $(STAMP) ## Apply ruff's formatter and autofixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP) ## Run mypy on the packages
+	$(VENV)/bin/mypy pipelines assets quality
+
+bench: setup ## Run the benchmarks (see BENCHMARKS.md)
+	$(PY) bench/run.py
+
+clean: broker-stop ## Stop the broker and delete the runtime folder (keeps the venv)
+	rm -rf $(RUNTIME)

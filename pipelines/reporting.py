@@ -1,0 +1,90 @@
+"""Where the runner reports progress: JSON lines on stdout, and Dagster Pipes when launched by it.
+
+The Pipes reporter is the data plane's only link to the orchestrator, and it uses the
+dependency-free ``dagster_pipes`` protocol package, imported only when the process was launched
+through Pipes (``DAGSTER_PIPES_CONTEXT`` is set): under a plain ``spark-submit`` nothing of Dagster
+is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import ExitStack
+from typing import Any
+
+from pipelines.progress import BatchProgress
+
+PROGRESS_PREFIX = "conflux.progress "
+SUMMARY_PREFIX = "conflux.summary "
+
+
+def _line(prefix: str, payload: dict[str, Any]) -> str:
+    return prefix + json.dumps(payload, default=str, sort_keys=True)
+
+
+class Reporter:
+    """Reports batches, logs and final per-flow summaries to every configured channel."""
+
+    def __init__(self, pipes: Any | None = None) -> None:
+        self._pipes = pipes
+
+    @property
+    def under_pipes(self) -> bool:
+        return self._pipes is not None
+
+    def batch(self, progress: BatchProgress) -> None:
+        payload = {"type": "batch", **progress.to_dict()}
+        print(_line(PROGRESS_PREFIX, payload), flush=True)
+        if self._pipes is not None:
+            self._pipes.report_custom_message(payload)
+
+    def info(self, message: str) -> None:
+        print(f"conflux: {message}", file=sys.stderr, flush=True)
+        if self._pipes is not None:
+            self._pipes.log.info(message)
+
+    def error(self, message: str) -> None:
+        print(f"conflux: ERROR {message}", file=sys.stderr, flush=True)
+        if self._pipes is not None:
+            self._pipes.log.error(message)
+            self._pipes.report_custom_message({"type": "error", "message": message})
+
+    def finished(self, summaries: list[dict[str, Any]]) -> None:
+        """Report each flow's totals; under Pipes, as the materialization of its asset."""
+        for summary in summaries:
+            print(_line(SUMMARY_PREFIX, summary), flush=True)
+            if self._pipes is None:
+                continue
+            asset_key = self._pipes.extras.get("asset_keys", {}).get(summary["flow"])
+            if asset_key:
+                self._pipes.report_asset_materialization(
+                    asset_key=asset_key, metadata=materialization_metadata(summary)
+                )
+
+
+def materialization_metadata(summary: dict[str, Any]) -> dict[str, Any]:
+    """Pipes metadata (raw values with explicit types) for a flow's summary."""
+    metadata: dict[str, Any] = {
+        "rows_written": {"raw_value": summary["rows_written"], "type": "int"},
+        "dagster/row_count_delta": {"raw_value": summary["rows_written"], "type": "int"},
+        "batches": {"raw_value": summary["batches"], "type": "int"},
+        "duration_seconds": {"raw_value": summary["duration_seconds"], "type": "float"},
+        "table_path": {"raw_value": summary["table_path"], "type": "path"},
+        "end_offsets": {"raw_value": summary["end_offsets"] or {}, "type": "json"},
+    }
+    if summary["delta_version"] is not None:
+        metadata["delta_version"] = {"raw_value": summary["delta_version"], "type": "int"}
+    if summary["lag"] is not None:
+        metadata["lag"] = {"raw_value": summary["lag"], "type": "int"}
+    return metadata
+
+
+def open_reporter(stack: ExitStack) -> Reporter:
+    """A reporter; under Dagster Pipes it also holds the Pipes context (closed by ``stack``)."""
+    if not os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        return Reporter()
+    from dagster_pipes import open_dagster_pipes
+
+    return Reporter(stack.enter_context(open_dagster_pipes()))

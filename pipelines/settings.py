@@ -1,0 +1,178 @@
+"""Conflux runtime settings: where the runtime folder and jars live, how Spark and Kafka are reached.
+
+Settings come from three layers, later ones winning:
+
+1. built-in defaults (embedded local runtime under ``<project>/.runtime``),
+2. an optional YAML file (``conflux.yaml`` at the project root, or the path in ``CONFLUX_CONFIG``),
+3. ``CONFLUX_*`` environment variables.
+
+Unknown keys in the file and unknown ``CONFLUX_*`` variables are errors, so a typo fails fast
+instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: Environment variables Conflux reads, mapped to the settings field they set.
+ENV_FIELDS: Mapping[str, str] = {
+    "CONFLUX_RUNTIME_DIR": "runtime_dir",
+    "CONFLUX_JARS_DIR": "jars_dir",
+    "CONFLUX_SPARK_MASTER": "spark_master",
+    "CONFLUX_SPARK_CONF": "spark_conf",
+    "CONFLUX_KAFKA_BOOTSTRAP_SERVERS": "kafka_bootstrap_servers",
+    "CONFLUX_FLOWS_DIR": "flows_dir",
+}
+#: Variables that are read elsewhere (not settings fields) and therefore not unknown.
+ENV_OTHER = frozenset({"CONFLUX_CONFIG"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved Conflux settings.
+
+    Attributes:
+        runtime_dir: git-ignored folder for all local state (broker data, lake, checkpoints, logs).
+        jars_dir: folder holding ``spark/`` and ``kafka/`` jar folders fetched by ``make setup``.
+        spark_master: Spark master URL; ``local[*]`` runs embedded.
+        spark_conf: extra Spark settings; they override Conflux's defaults key by key.
+        kafka_bootstrap_servers: bootstrap servers; ``None`` means the local broker's address.
+        flows_dir: folder of flow spec YAML files.
+    """
+
+    runtime_dir: Path
+    jars_dir: Path
+    spark_master: str = "local[*]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    kafka_bootstrap_servers: str | None = None
+    flows_dir: Path = PROJECT_ROOT / "flows"
+
+    @property
+    def spark_jars_dir(self) -> Path:
+        return self.jars_dir / "spark"
+
+    @property
+    def kafka_jars_dir(self) -> Path:
+        return self.jars_dir / "kafka"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.runtime_dir / "kafka"
+
+    @property
+    def lake_dir(self) -> Path:
+        return self.runtime_dir / "lake"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.runtime_dir / "checkpoints"
+
+    def resolved_bootstrap_servers(self) -> str:
+        """The configured bootstrap servers, or the address of the running local broker."""
+        if self.kafka_bootstrap_servers:
+            return self.kafka_bootstrap_servers
+        state_file = self.broker_dir / "broker.json"
+        if not state_file.exists():
+            raise ConfigError(
+                "no Kafka bootstrap servers configured and the local broker is not running "
+                f"({state_file} is missing): run `make broker-start`, or set "
+                "CONFLUX_KAFKA_BOOTSTRAP_SERVERS"
+            )
+        return str(json.loads(state_file.read_text())["bootstrap_servers"])
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, config_file: Path | None = None
+) -> Settings:
+    """Build :class:`Settings` from defaults, the optional YAML file and the environment."""
+    env = os.environ if environ is None else environ
+    _reject_unknown_env(env)
+    runtime_dir = PROJECT_ROOT / ".runtime"
+    settings = Settings(runtime_dir=runtime_dir, jars_dir=runtime_dir / "jars")
+    path = config_file or _config_path(env)
+    if path is not None:
+        settings = _apply(settings, _read_config_file(path), source=str(path))
+    from_env = {ENV_FIELDS[k]: v for k, v in env.items() if k in ENV_FIELDS}
+    return _apply(settings, from_env, source="environment")
+
+
+def _config_path(env: Mapping[str, str]) -> Path | None:
+    if "CONFLUX_CONFIG" in env:
+        path = Path(env["CONFLUX_CONFIG"])
+        if not path.exists():
+            raise ConfigError(f"CONFLUX_CONFIG points to {path}, which does not exist")
+        return path
+    default = PROJECT_ROOT / "conflux.yaml"
+    return default if default.exists() else None
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    return data
+
+
+def _reject_unknown_env(env: Mapping[str, str]) -> None:
+    known = set(ENV_FIELDS) | ENV_OTHER
+    unknown = sorted(k for k in env if k.startswith("CONFLUX_") and k not in known)
+    if unknown:
+        raise ConfigError(
+            f"unknown environment variable(s) {', '.join(unknown)}; "
+            f"known ones: {', '.join(sorted(known))}"
+        )
+
+
+def _apply(settings: Settings, values: Mapping[str, Any], source: str) -> Settings:
+    fields = set(ENV_FIELDS.values())
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}"
+        )
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in ("runtime_dir", "jars_dir", "flows_dir"):
+            changes[key] = Path(str(value)).expanduser().resolve()
+        elif key == "spark_conf":
+            changes[key] = {**settings.spark_conf, **_parse_spark_conf(value, source)}
+        else:
+            changes[key] = str(value)
+    if (
+        "runtime_dir" in changes
+        and "jars_dir" not in changes
+        and settings.jars_dir == (settings.runtime_dir / "jars")
+    ):
+        changes["jars_dir"] = changes["runtime_dir"] / "jars"
+    return replace(settings, **changes)
+
+
+def _parse_spark_conf(value: Any, source: str) -> dict[str, str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{source}: spark_conf must be a JSON object such as "
+                f'{{"spark.sql.shuffle.partitions": "8"}}: {exc}'
+            ) from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: spark_conf must be a mapping of Spark setting to value")
+    bad = [k for k in value if not str(k).startswith("spark.")]
+    if bad:
+        raise ConfigError(f"{source}: spark_conf keys must start with 'spark.': {bad}")
+    return {str(k): str(v) for k, v in value.items()}

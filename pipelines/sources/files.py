@@ -1,0 +1,401 @@
+"""The file landing-zone source: JSON lines, CSV with a header, or Parquet files dropped in a folder.
+
+:func:`read_files_stream` returns a streaming DataFrame with the typed data columns of the
+flow's *stored* schema, then ``_rescued_data``, ``source_file`` and ``source_modified_at``.
+
+Schema: inferred once, stored, then enforced
+    On the first run the schema is inferred with a batch read of the files already in the landing
+    folder and written, as Spark's schema JSON, to the flow's schema file. Every later run loads
+    that file and never infers again, so a new field in later files cannot change the table schema.
+    To adopt a new schema on purpose, edit or delete the schema file.
+
+Nothing is lost: ``_rescued_data``
+    ``_rescued_data`` is a JSON object (a string) holding what the typed columns could not hold,
+    or null when the record fit the schema.
+
+    * JSON lines: every line is read as text and parsed twice, once against the stored schema and
+      once as a map of raw values. ``_rescued_data`` holds every key that is not in the schema and
+      every field whose raw value the typed column does not fully hold: the typed value came out
+      null (``"amount": "abc"`` for a double), or, for a struct or array field, something nested
+      was unknown or mistyped (the whole raw value of the top-level field is then kept, while the
+      typed column holds what could be parsed). Values are kept as raw JSON text. A line that is
+      not a JSON object at all (truncated, ``42``, ``[1]``) gets null typed columns and
+      ``{"_corrupt_record": "<the line>"}``. Blank lines are skipped. Field names match
+      case-sensitively (``"ID"`` is rescued when the schema has ``id``). Map-typed fields (never
+      inferred from JSON) are only checked as a whole.
+    * CSV: read with the stored schema in PERMISSIVE mode; a row that does not fit (a value of the
+      wrong type, more or fewer values than the schema has columns) keeps its typed values where
+      they parsed and gets ``{"_corrupt_record": "<the raw line>"}``. The header line is not
+      checked against the schema: columns are matched by position (Spark's ``enforceSchema``), so
+      a file with an added column shows up as rows with too many values, which are rescued.
+    * Parquet: Parquet files carry their own typed schema, so there is no per-record rescue and
+      ``_rescued_data`` is always null. Reading with the stored schema, Spark 4.1 treats a file
+      that differs from it like this (checked by the tests):
+
+      - a column missing from the file reads as null;
+      - a column that is not in the stored schema is silently dropped (it is *not* rescued);
+      - a column of another type reads when Spark can widen it losslessly (int to long or double,
+        float to double); any other difference (long where the schema has int, string where it
+        has double, ...) fails the query with ``FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH``
+        naming the file and the column, and every restart fails on that file again until it is
+        removed or the schema file is edited.
+
+      Adding a Parquet column to the table therefore needs an edit of the schema file.
+
+Options
+    ``source.options`` pass through to Spark's reader (e.g. CSV ``sep``; for JSON they also reach
+    the parser, e.g. ``allowComments``). ``max_files_per_trigger`` becomes ``maxFilesPerTrigger``.
+    With ``archive_dir``, Spark moves each processed file to ``<archive_dir>/<its full path>``
+    (``cleanSource=archive``), e.g. ``/lake/archive/lake/landing/a.json``. It does so in a
+    background thread when it plans the *next* micro-batch, after the batch holding the file
+    was committed: the files of a run's last micro-batch stay in the landing folder until a
+    later run finds new files (a run without new files archives nothing). They are never read
+    twice: the checkpoint remembers them.
+
+``source_file`` is the file's URI as Spark reports it (``file:/lake/landing/a.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from functools import reduce
+from itertools import chain
+from operator import or_
+from pathlib import Path
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from pipelines.errors import ConfigError
+from pipelines.locations import resolve
+from pipelines.settings import Settings
+from pipelines.spec import FileSource
+
+RESCUED_COLUMN = "_rescued_data"
+SOURCE_FILE_COLUMN = "source_file"
+SOURCE_MODIFIED_COLUMN = "source_modified_at"
+CORRUPT_RECORD = "_corrupt_record"
+#: Names the source adds itself; a data column may not use them.
+RESERVED_COLUMNS = (RESCUED_COLUMN, SOURCE_FILE_COLUMN, SOURCE_MODIFIED_COLUMN, CORRUPT_RECORD)
+#: JSON reader options that would break the one-record-per-line reading.
+JSON_UNSUPPORTED_OPTIONS = ("multiline", "wholetext")
+
+#: JSON objects parsed as raw values: nested values stay JSON text (a DDL string, as typed stubs
+#: of ``from_json`` do not list ``MapType``).
+RAW_MAP = "map<string,string>"
+_LINE, _TYPED, _RAW, _METADATA = "__line", "__typed", "__raw", "_metadata"
+
+
+def read_files_stream(
+    spark: SparkSession, source: FileSource, settings: Settings, schema_file: Path
+) -> DataFrame:
+    """A streaming DataFrame of the files landing in ``source.path``, typed by the stored schema.
+
+    Columns: the stored schema's columns, ``_rescued_data``, ``source_file``, ``source_modified_at``.
+
+    Raises:
+        ConfigError: no schema is stored yet and the landing folder has no files to infer it
+            from; the stored schema is unreadable; the options or the archive folder are invalid.
+    """
+    check_options(source)
+    folder = landing_folder(settings, source)
+    options = stream_options(source, settings)
+    schema = load_or_infer_schema(spark, source, folder, schema_file)
+    return _STREAM_READERS[source.format](spark, folder, schema, options, source.options)
+
+
+# --- folders and options ---------------------------------------------------------------------
+
+
+def landing_folder(settings: Settings, source: FileSource) -> Path:
+    """The landing folder, created if missing (a landing zone may start empty)."""
+    folder = resolve(settings, source.path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def archive_folder(settings: Settings, source: FileSource) -> Path:
+    """The resolved archive folder, checked the way Spark checks it when the query starts.
+
+    Spark moves a file to ``<archive>/<its full path>`` and refuses an archive folder where that
+    could match the landing folder again: one inside the landing folder, the landing folder
+    itself, or one of its parents.
+    """
+    if source.archive_dir is None:
+        raise ValueError("the source has no archive_dir")
+    landing = resolve(settings, source.path).resolve()
+    archive = resolve(settings, source.archive_dir).resolve()
+    if archive.is_relative_to(landing) or landing.is_relative_to(archive):
+        where = "inside" if archive.is_relative_to(landing) else "a parent of"
+        raise ConfigError(
+            f"source.archive_dir {archive} is {where} the landing folder {landing}: Spark "
+            "refuses an archive folder where archived files could be read again; choose one "
+            "outside it, e.g. a sibling folder"
+        )
+    return archive
+
+
+def check_options(source: FileSource) -> None:
+    """Reject reader options that contradict how the format is read."""
+    if source.format != "json":
+        return
+    bad = sorted(k for k in source.options if k.lower() in JSON_UNSUPPORTED_OPTIONS)
+    if bad:
+        raise ConfigError(
+            f"source.options: {', '.join(bad)} is not supported for JSON files: they are read as "
+            "JSON lines, one record per line"
+        )
+
+
+def stream_options(source: FileSource, settings: Settings) -> dict[str, str]:
+    """Reader options for the stream: the spec's options plus trigger size and archiving."""
+    options = dict(source.options)
+    if source.max_files_per_trigger is not None:
+        options["maxFilesPerTrigger"] = str(source.max_files_per_trigger)
+    if source.archive_dir is not None:
+        options["cleanSource"] = "archive"
+        options["sourceArchiveDir"] = str(archive_folder(settings, source))
+    return options
+
+
+# --- the stored schema -----------------------------------------------------------------------
+
+
+def load_or_infer_schema(
+    spark: SparkSession, source: FileSource, folder: Path, schema_file: Path
+) -> StructType:
+    """The stored schema; on the first run it is inferred from the files in ``folder`` and stored."""
+    if not schema_file.exists():
+        store_schema(schema_file, infer_schema(spark, source, folder))
+    return load_schema(schema_file)
+
+
+def infer_schema(spark: SparkSession, source: FileSource, folder: Path) -> StructType:
+    """Infer the schema with a batch read of the files currently in ``folder``."""
+    if not has_data_files(folder):
+        raise ConfigError(
+            f"the landing folder {folder} has no files: the schema of a file source is inferred "
+            "from the first files, so drop some files there first, or write the schema "
+            "(Spark schema JSON) to the flow's schema file yourself"
+        )
+    reader = spark.read.options(**source.options)
+    if source.format == "csv":
+        reader = reader.option("header", "true").option("inferSchema", "true")
+    try:
+        inferred = reader.format(source.format).load(str(folder)).schema
+    except AnalysisException as exc:
+        raise ConfigError(f"could not infer the schema from the files in {folder}: {exc}") from exc
+    schema = StructType([f for f in inferred.fields if f.name != CORRUPT_RECORD])
+    check_schema(schema, where=f"the files in {folder}")
+    return schema
+
+
+def has_data_files(folder: Path) -> bool:
+    """Whether ``folder`` holds a file Spark would read (hidden ``_x`` / ``.x`` names are skipped)."""
+    for entry in folder.iterdir():
+        if entry.name.startswith(("_", ".")):
+            continue
+        if entry.is_file() or (entry.is_dir() and has_data_files(entry)):
+            return True
+    return False
+
+
+def check_schema(schema: StructType, where: str) -> None:
+    """A usable data schema: at least one column, none with a name the source adds itself."""
+    if not schema.fields:
+        raise ConfigError(f"no columns could be inferred from {where}: are they valid records?")
+    clash = [n for n in schema.fieldNames() if n in RESERVED_COLUMNS]
+    if clash:
+        raise ConfigError(
+            f"{where}: column(s) {', '.join(clash)} clash with column(s) the file source adds "
+            f"({', '.join(RESERVED_COLUMNS)}); rename them in the data"
+        )
+
+
+def store_schema(schema_file: Path, schema: StructType) -> None:
+    """Write ``schema`` as Spark schema JSON, atomically (temp file in the same folder + rename)."""
+    schema_file.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(
+        dir=schema_file.parent, prefix=f".{schema_file.name}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(schema.json())
+        os.replace(temp, schema_file)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def load_schema(schema_file: Path) -> StructType:
+    """The stored schema; an unreadable file is a :class:`ConfigError` naming it."""
+    try:
+        schema = StructType.fromJson(json.loads(schema_file.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{schema_file}: not a valid Spark schema JSON ({exc}); fix it, or delete it to "
+            "infer the schema again from the files in the landing folder"
+        ) from exc
+    check_schema(schema, where=str(schema_file))
+    return schema
+
+
+# --- stream readers --------------------------------------------------------------------------
+
+
+def json_stream(
+    spark: SparkSession,
+    folder: Path,
+    schema: StructType,
+    options: Mapping[str, str],
+    parser_options: Mapping[str, str],
+) -> DataFrame:
+    """JSON lines read as text, parsed against ``schema``; the rest goes to ``_rescued_data``."""
+    lines = (
+        spark.readStream.format("text")
+        .options(**options)
+        .option("wholetext", "false")
+        .load(str(folder))
+        .select(F.col("value").alias(_LINE), F.col(_METADATA))
+        .where(F.col(_LINE).rlike(r"\S"))
+    )
+    raw = F.from_json(_LINE, RAW_MAP, dict(parser_options))
+    typed = F.when(raw.isNotNull(), F.from_json(_LINE, schema, dict(parser_options)))
+    parsed = lines.select(_LINE, _METADATA, raw.alias(_RAW), typed.alias(_TYPED))
+    typed_col, raw_col = F.col(_TYPED), F.col(_RAW)
+    return parsed.select(
+        *(typed_col.getField(f.name).alias(f.name) for f in schema.fields),
+        json_rescued_data(F.col(_LINE), raw_col, typed_col, schema).alias(RESCUED_COLUMN),
+        *metadata_columns(),
+    )
+
+
+def csv_stream(
+    spark: SparkSession,
+    folder: Path,
+    schema: StructType,
+    options: Mapping[str, str],
+    parser_options: Mapping[str, str],
+) -> DataFrame:
+    """CSV with a header, PERMISSIVE: a row that does not fit keeps its raw line."""
+    read_schema = StructType([*schema.fields, StructField(CORRUPT_RECORD, StringType())])
+    frame = (
+        spark.readStream.format("csv")
+        .options(**options)
+        .option("header", "true")
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_RECORD)
+        .schema(read_schema)
+        .load(str(folder))
+    )
+    corrupt = F.col(quote(CORRUPT_RECORD))
+    return frame.select(
+        *(F.col(quote(name)) for name in schema.fieldNames()),
+        F.when(corrupt.isNotNull(), corrupt_record(corrupt)).alias(RESCUED_COLUMN),
+        *metadata_columns(),
+    )
+
+
+def parquet_stream(
+    spark: SparkSession,
+    folder: Path,
+    schema: StructType,
+    options: Mapping[str, str],
+    parser_options: Mapping[str, str],
+) -> DataFrame:
+    """Parquet read with ``schema``; ``_rescued_data`` is always null (see the module docstring)."""
+    frame = spark.readStream.format("parquet").options(**options).schema(schema).load(str(folder))
+    return frame.select(
+        *(F.col(quote(name)) for name in schema.fieldNames()),
+        F.lit(None).cast(StringType()).alias(RESCUED_COLUMN),
+        *metadata_columns(),
+    )
+
+
+_STREAM_READERS: Mapping[
+    str,
+    Callable[[SparkSession, Path, StructType, Mapping[str, str], Mapping[str, str]], DataFrame],
+] = {"json": json_stream, "csv": csv_stream, "parquet": parquet_stream}
+
+
+# --- column rules ----------------------------------------------------------------------------
+
+
+def metadata_columns() -> list[Column]:
+    """``source_file`` and ``source_modified_at`` from Spark's hidden ``_metadata`` column."""
+    metadata = F.col(_METADATA)
+    return [
+        metadata.getField("file_path").alias(SOURCE_FILE_COLUMN),
+        metadata.getField("file_modification_time").alias(SOURCE_MODIFIED_COLUMN),
+    ]
+
+
+def quote(name: str) -> str:
+    """``name`` as a backquoted column reference, so dots or spaces in it are taken literally."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def corrupt_record(raw: Column) -> Column:
+    """``{"_corrupt_record": raw}`` as a JSON string."""
+    return F.to_json(F.create_map(F.lit(CORRUPT_RECORD), raw))
+
+
+def json_rescued_data(line: Column, raw: Column, typed: Column, schema: StructType) -> Column:
+    """``_rescued_data`` of a JSON line: the corrupt line, the rescued fields, or null."""
+    rescued = rescued_fields(raw, typed, schema)
+    return F.when(raw.isNull(), corrupt_record(line)).when(F.size(rescued) > 0, F.to_json(rescued))
+
+
+def rescued_fields(raw: Column, typed: Column, schema: StructType) -> Column:
+    """The entries of the ``raw`` map that are not in the schema or not held by ``typed``.
+
+    The map is filtered, never rebuilt, so a line with a duplicated key cannot fail the query.
+    """
+    names = schema.fieldNames()
+    lost_by_name = F.create_map(
+        *chain.from_iterable(
+            (F.lit(f.name), is_lost(raw.getItem(f.name), typed.getField(f.name), f.dataType))
+            for f in schema.fields
+        )
+    )
+    return F.map_filter(
+        raw, lambda key, _: ~key.isin(names) | F.coalesce(lost_by_name[key], F.lit(False))
+    )
+
+
+def is_lost(raw: Column, typed: Column, data_type: DataType) -> Column:
+    """Whether the raw JSON text of a value holds something its typed value does not."""
+    missing = raw.isNotNull() & typed.isNull()
+    if isinstance(data_type, StructType):
+        return missing | (typed.isNotNull() & _struct_loses(raw, typed, data_type))
+    if isinstance(data_type, ArrayType):
+        return missing | (typed.isNotNull() & _array_loses(raw, typed, data_type))
+    return missing
+
+
+def _struct_loses(raw: Column, typed: Column, data_type: StructType) -> Column:
+    """A nested object has a key the struct lacks, or a field whose value was lost."""
+    members = F.from_json(raw, RAW_MAP)
+    names = data_type.fieldNames()
+    unknown = F.exists(F.map_keys(members), lambda key: ~key.isin(names))
+    lost = [is_lost(members.getItem(f.name), typed.getField(f.name), f.dataType) for f in data_type]
+    return F.coalesce(reduce(or_, lost, unknown), F.lit(False))
+
+
+def _array_loses(raw: Column, typed: Column, data_type: ArrayType) -> Column:
+    """A nested array has an element whose value was lost."""
+    items = F.from_json(raw, ArrayType(StringType()))
+    element_type = data_type.elementType
+    lost = F.zip_with(items, typed, lambda item, value: is_lost(item, value, element_type))
+    return F.coalesce(F.exists(lost, lambda flag: flag), F.lit(False))

@@ -1,0 +1,117 @@
+"""Fetch the pinned JVM jars once, from Maven Central, into the git-ignored jars folder.
+
+Usage: ``python platform/jvm/fetch_jars.py [--force]`` (``make setup`` runs it).
+
+Two closed sets, two folders, never mixed on one classpath:
+
+* ``<jars>/spark``: Delta and the Kafka connector, minus every artifact the pyspark wheel already
+  ships (Spark's own jars win over ``spark.jars``, so a duplicate is dead weight or a conflict).
+* ``<jars>/kafka``: the Apache Kafka broker and its log4j binding, for the broker's own JVM.
+
+A folder is fetched again only when its POM changed (its SHA-256 is recorded beside the jars),
+so Spark and the broker start offline and never download anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pipelines.errors import ConfigError
+from pipelines.jvm import check_java
+from pipelines.settings import load_settings
+
+HERE = Path(__file__).resolve().parent
+MAVEN_SETTINGS = HERE / "maven-settings.xml"
+JAR_SETS = {"spark": HERE / "spark" / "pom.xml", "kafka": HERE / "kafka" / "pom.xml"}
+_ARTIFACT_RE = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
+STAMP = ".pom.sha256"
+MANIFEST = "MANIFEST.txt"
+
+
+def artifact_name(jar_file: str) -> str:
+    """``zstd-jni-1.5.7-3.jar`` -> ``zstd-jni``; the name without its version."""
+    match = _ARTIFACT_RE.match(jar_file)
+    return match.group("artifact") if match else jar_file.removesuffix(".jar")
+
+
+def pyspark_artifacts() -> set[str]:
+    """Artifact names of the jars bundled in the installed pyspark wheel."""
+    import pyspark
+
+    bundled = Path(pyspark.__file__).parent / "jars"
+    return {artifact_name(p.name) for p in bundled.glob("*.jar")}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def is_current(target: Path, pom: Path) -> bool:
+    stamp = target / STAMP
+    return stamp.exists() and stamp.read_text().strip() == sha256(pom) and any(target.glob("*.jar"))
+
+
+def maven_copy_dependencies(pom: Path, output: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ConfigError(
+            "Maven (mvn) is not installed: apt-get install maven, then run `make setup`"
+        )
+    command = [
+        mvn, "-q", "-B", "-s", str(MAVEN_SETTINGS), "-f", str(pom),
+        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={output}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        errors = [line for line in result.stdout.splitlines() if "ERROR" in line][:5]
+        raise ConfigError(f"fetching jars for {pom} failed:\n" + "\n".join(errors))
+
+
+def fetch_set(name: str, pom: Path, jars_dir: Path, force: bool) -> list[str]:
+    """Fetch one jar set into ``jars_dir/name``; return the jar names it holds."""
+    target = jars_dir / name
+    if not force and is_current(target, pom):
+        print(f"{name}: up to date in {target}")
+        return sorted(p.name for p in target.glob("*.jar"))
+    staging = jars_dir / f".{name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    maven_copy_dependencies(pom, staging)
+    skip = pyspark_artifacts() if name == "spark" else set()
+    for jar in staging.glob("*.jar"):
+        if artifact_name(jar.name) in skip:
+            jar.unlink()
+    kept = sorted(staging.glob("*.jar"))
+    (staging / MANIFEST).write_text("".join(f"{sha256(p)}  {p.name}\n" for p in kept))
+    (staging / STAMP).write_text(sha256(pom) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    print(f"{name}: fetched {len(kept)} jars into {target}")
+    return [p.name for p in kept]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="fetch again even if up to date")
+    args = parser.parse_args(argv)
+    try:
+        check_java()
+        jars_dir = load_settings().jars_dir
+        jars_dir.mkdir(parents=True, exist_ok=True)
+        for name, pom in JAR_SETS.items():
+            fetch_set(name, pom, jars_dir, args.force)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,649 @@
+"""Local single-node Kafka broker (KRaft, combined broker + controller) for Conflux.
+
+Run it as a script (from any directory; it puts the project root on ``sys.path``)::
+
+    .venv/bin/python platform/kafka/broker.py start [--port N] [--controller-port N] [--timeout 60]
+    .venv/bin/python platform/kafka/broker.py stop [--timeout 30]
+    .venv/bin/python platform/kafka/broker.py status [--timeout 5]
+    .venv/bin/python platform/kafka/broker.py wait [--timeout 60]
+
+Everything lives under ``Settings.broker_dir`` (``<runtime>/kafka``): ``server.properties``,
+``cluster.id``, the log data in ``data/``, the logs in ``logs/`` (``broker.out`` holds the JVM's
+stdout/stderr and every WARN+ line, ``server.log`` the full INFO log) and ``broker.json``, the
+state of the running broker. Data survive restarts; ports may change from one start to the next.
+
+Machine-readable results (JSON) go to stdout, messages to stderr. Exit codes: 0 success,
+1 broker failure or not healthy, 2 configuration problem (missing Java or jars, port taken...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from pipelines.errors import ConfigError
+from pipelines.jvm import check_java, java_executable, require_jars
+from pipelines.settings import Settings, load_settings
+
+HOST = "127.0.0.1"
+NODE_ID = 1
+LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
+JVM_OPTIONS = ("-Xmx512m", "-Xms256m", "-XX:+UseG1GC")
+LOG_TAIL_LINES = 30
+PROBE_SECONDS = 2.0
+
+
+class BrokerError(RuntimeError):
+    """The broker failed to start, died, or did not become healthy in time."""
+
+
+@dataclass(frozen=True)
+class BrokerPaths:
+    """The files of the local broker under ``Settings.broker_dir``."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, settings: Settings) -> BrokerPaths:
+        return cls(settings.broker_dir)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def log_file(self) -> Path:
+        return self.logs / "broker.out"
+
+    @property
+    def server_log(self) -> Path:
+        return self.logs / "server.log"
+
+    @property
+    def properties(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "broker.json"
+
+    @property
+    def cluster_id(self) -> Path:
+        return self.root / "cluster.id"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".broker.lock"
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def render_properties(port: int, controller_port: int, data_dir: Path) -> str:
+    """``server.properties`` of a single-node combined KRaft broker listening on 127.0.0.1.
+
+    The controller quorum is a static voter set of one node, so the controller port may change
+    between restarts without touching the stored metadata.
+    """
+    values = {
+        "process.roles": "broker,controller",
+        "node.id": NODE_ID,
+        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir).replace("\\", "\\\\"),
+        "offsets.topic.replication.factor": 1,
+        # 5 instead of 50 partitions: the first consumer group on a fresh broker is ready sooner.
+        "offsets.topic.num.partitions": 5,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 5,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        "group.initial.rebalance.delay.ms": 0,
+    }
+    header = "# Written by platform/kafka/broker.py on every start: edits are overwritten.\n"
+    return header + "".join(f"{key}={value}\n" for key, value in values.items())
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as ``Uuid``)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):  # Kafka avoids ids that look like a command-line flag
+            return text
+
+
+def read_meta_cluster_id(data_dir: Path) -> str | None:
+    """The ``cluster.id`` recorded in ``meta.properties`` of a formatted log dir, if any."""
+    meta = data_dir / "meta.properties"
+    if not meta.exists():
+        return None
+    for line in meta.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "cluster.id":
+            return value.strip()
+    return None
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1, chosen by the OS (bind to port 0)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def ensure_port_free(port: int, option: str) -> None:
+    """Raise :class:`ConfigError` naming ``port`` and the fix unless it can be bound."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"port {port} on {HOST} is already in use ({exc.strerror}): stop whatever "
+                f"listens there, pass another {option} N, or leave {option} out to get a free port"
+            ) from exc
+
+
+def select_ports(port: int | None, controller_port: int | None) -> tuple[int, int]:
+    """The (broker, controller) ports: the requested ones if free, else OS-chosen ones."""
+    if port is not None and port == controller_port:
+        raise ConfigError(f"--port and --controller-port are both {port}: they must differ")
+    for value, option in ((port, "--port"), (controller_port, "--controller-port")):
+        if value is not None:
+            ensure_port_free(value, option)
+    spare = iter(p for p in free_ports(3) if p not in (port, controller_port))
+    return port or next(spare), controller_port or next(spare)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _proc_state(pid: int) -> str:
+    """The one-letter state from ``/proc/<pid>/stat`` ("" where there is no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rpartition(")")[2].split()[0]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; zombies count as dead (an orphan may never be reaped by PID 1)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # reap it if it happens to be our own child
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _proc_state(pid) not in ("Z", "X")
+
+
+def is_our_broker(pid: int, paths: BrokerPaths) -> bool:
+    """Whether ``pid`` is alive and is ``kafka.Kafka`` run on this runtime's properties file."""
+    if not pid_alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc: trust the pid
+    args = [arg.decode(errors="replace") for arg in argv]
+    return "kafka.Kafka" in args and str(paths.properties) in args
+
+
+def terminate(pid: int, timeout: float) -> bool:
+    """SIGTERM ``pid`` (Kafka then shuts down cleanly), SIGKILL its group after ``timeout``.
+
+    Returns True when it exited on SIGTERM alone.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if _wait_gone(pid, timeout):
+        return True
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # started with start_new_session: pgid == pid
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid, 10.0)
+    return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+# --------------------------------------------------------------------------- state
+
+
+def read_state(paths: BrokerPaths) -> dict[str, Any] | None:
+    """The content of ``broker.json``; None if missing, ``{}`` if unreadable."""
+    try:
+        data = json.loads(paths.state.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_state(paths: BrokerPaths, state: dict[str, Any]) -> None:
+    """Write ``broker.json`` atomically."""
+    tmp = paths.state.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, paths.state)
+
+
+def state_is_live(state: dict[str, Any], paths: BrokerPaths) -> bool:
+    """Whether the state names a broker process that still runs."""
+    pid = state.get("pid")
+    return isinstance(pid, int) and is_our_broker(pid, paths)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, offset: int = 0) -> str:
+    """The last ``lines`` lines of ``path`` after byte ``offset`` ("" if it does not exist)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def _locked(paths: BrokerPaths) -> Iterator[None]:
+    """Serialise start/stop of one runtime's broker across processes."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with paths.lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- health
+
+
+def probe(bootstrap: str, timeout: float) -> bool:
+    """Whether a metadata request to ``bootstrap`` succeeds within ``timeout`` seconds."""
+    return _metadata_ok(_admin(bootstrap), timeout)
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "log_level": 0,  # silence "connection refused" while the broker boots
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
+
+
+def _metadata_ok(admin: AdminClient, timeout: float) -> bool:
+    try:
+        metadata = admin.list_topics(timeout=max(timeout, 0.1))
+    except KafkaException:
+        return False
+    return bool(metadata.brokers)
+
+
+def wait_until_healthy(
+    bootstrap: str, timeout: float, alive: Callable[[], bool] | None = None
+) -> float:
+    """Block until the broker at ``bootstrap`` answers metadata requests.
+
+    Returns the seconds waited. Raises :class:`TimeoutError` after ``timeout`` seconds, or
+    :class:`BrokerError` as soon as ``alive()`` (if given) returns False.
+    """
+    start = time.monotonic()
+    admin = _admin(bootstrap)
+    while True:
+        remaining = start + timeout - time.monotonic()
+        if alive is not None and not alive():
+            raise BrokerError(f"the broker process exited before {bootstrap} became healthy")
+        if remaining <= 0:
+            raise TimeoutError(f"{bootstrap} not healthy after {timeout:.0f} s")
+        if _metadata_ok(admin, min(remaining, PROBE_SECONDS)):
+            return time.monotonic() - start
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- start
+
+
+def start_broker(
+    settings: Settings,
+    port: int | None = None,
+    timeout: float = 60.0,
+    controller_port: int | None = None,
+) -> dict[str, Any]:
+    """Start the local broker, or return the state of the healthy one already running.
+
+    Raises :class:`ConfigError` (Java, jars, ports) or :class:`BrokerError` (failed start).
+    """
+    java = java_executable()
+    check_java(java)
+    require_jars(settings.kafka_jars_dir, "Kafka broker")
+    paths = BrokerPaths.of(settings)
+    with _locked(paths):
+        running = _live_state(paths)
+        if running is not None:
+            return _reuse(running, port, timeout)
+        ports = select_ports(port, controller_port)
+        return _launch(settings, paths, java, ports, timeout)
+
+
+def _live_state(paths: BrokerPaths) -> dict[str, Any] | None:
+    """The state of the running broker; a stale ``broker.json`` is removed."""
+    state = read_state(paths)
+    if state is None:
+        return None
+    if state_is_live(state, paths):
+        return state
+    _say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
+    paths.state.unlink(missing_ok=True)
+    return None
+
+
+def _reuse(state: dict[str, Any], port: int | None, timeout: float) -> dict[str, Any]:
+    if port is not None and port != state["port"]:
+        raise ConfigError(
+            f"the broker already runs on port {state['port']} (pid {state['pid']}), not {port}: "
+            "run `broker.py stop` first to move it"
+        )
+    _say(f"broker already running (pid {state['pid']}) at {state['bootstrap_servers']}")
+    try:
+        wait_until_healthy(state["bootstrap_servers"], timeout, lambda: pid_alive(state["pid"]))
+    except (TimeoutError, BrokerError) as exc:
+        raise BrokerError(f"{exc}; it runs as pid {state['pid']}: see {state['log_file']}") from exc
+    return {**state, "already_running": True, "healthy": True}
+
+
+def _launch(
+    settings: Settings, paths: BrokerPaths, java: str, ports: tuple[int, int], timeout: float
+) -> dict[str, Any]:
+    classpath = str(settings.kafka_jars_dir / "*")
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    paths.properties.write_text(render_properties(*ports, paths.data))
+    formatted = ensure_formatted(paths, java, classpath)
+    offsets = _log_sizes(paths)
+    started = time.monotonic()
+    process = _spawn(paths, java, classpath)
+    state = _new_state(paths, process.pid, ports)
+    write_state(paths, state)
+    try:
+        wait_until_healthy(state["bootstrap_servers"], timeout, lambda: process.poll() is None)
+    except (TimeoutError, BrokerError) as exc:
+        _abort(paths, process.pid)
+        raise BrokerError(f"{exc}\n{_tail_report(paths, offsets)}") from exc
+    ready = round(time.monotonic() - started, 2)
+    return {**state, "healthy": True, "formatted_storage": formatted, "ready_seconds": ready}
+
+
+def ensure_formatted(paths: BrokerPaths, java: str, classpath: str) -> bool:
+    """Format the log dir with ``StorageTool`` unless done already; True if it formatted."""
+    existing = read_meta_cluster_id(paths.data)
+    if existing is not None:
+        paths.cluster_id.write_text(existing + "\n")
+        return False
+    cluster_id = _stored_cluster_id(paths) or new_cluster_id()
+    paths.cluster_id.write_text(cluster_id + "\n")
+    command = [java, "-cp", classpath, "kafka.tools.StorageTool", "format"]
+    command += ["-t", cluster_id, "-c", str(paths.properties)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()
+        raise BrokerError(f"formatting {paths.data} failed:\n{output}")
+    return True
+
+
+def _stored_cluster_id(paths: BrokerPaths) -> str | None:
+    if not paths.cluster_id.exists():
+        return None
+    return paths.cluster_id.read_text().strip() or None
+
+
+def _spawn(paths: BrokerPaths, java: str, classpath: str) -> subprocess.Popen[bytes]:
+    command = [java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
+    command += [f"-Dkafka.logs.dir={paths.logs}", "-cp", classpath]
+    command += ["kafka.Kafka", str(paths.properties)]
+    with paths.log_file.open("ab") as out:
+        out.write(f"\n=== {_now()} starting: {' '.join(command)}\n".encode())
+        out.flush()
+        return subprocess.Popen(
+            command,
+            cwd=paths.root,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _new_state(paths: BrokerPaths, pid: int, ports: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "port": ports[0],
+        "controller_port": ports[1],
+        "bootstrap_servers": f"{HOST}:{ports[0]}",
+        "log_file": str(paths.log_file),
+        "started_at": _now(),
+    }
+
+
+def _abort(paths: BrokerPaths, pid: int) -> None:
+    """Stop a broker that did not become healthy, and forget it."""
+    terminate(pid, 10.0)
+    paths.state.unlink(missing_ok=True)
+
+
+def _log_sizes(paths: BrokerPaths) -> dict[Path, int]:
+    """The current size of both logs, to report only what a start adds to them."""
+    logs = (paths.log_file, paths.server_log)
+    return {path: path.stat().st_size if path.exists() else 0 for path in logs}
+
+
+def _tail_report(paths: BrokerPaths, offsets: dict[Path, int]) -> str:
+    """The end of what this start wrote to broker.out (stdout/stderr, WARN+) and server.log."""
+    report = []
+    for path, offset in offsets.items():
+        size = path.stat().st_size if path.exists() else 0
+        tail = log_tail(path, offset=offset if size >= offset else 0) or "(nothing new)"
+        report.append(f"--- last {LOG_TAIL_LINES} lines of {path}:\n{tail}")
+    return "\n".join(report)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- stop / status
+
+
+def stop_broker(settings: Settings, timeout: float = 30.0) -> bool:
+    """Stop the local broker; True if one was running, False if there was nothing to stop."""
+    paths = BrokerPaths.of(settings)
+    with _locked(paths):
+        state = read_state(paths)
+        if state is None:
+            return False
+        live = state_is_live(state, paths)
+        if live:
+            _stop_process(state["pid"], timeout)
+        else:
+            _say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
+        paths.state.unlink(missing_ok=True)
+        return live
+
+
+def _stop_process(pid: int, timeout: float) -> None:
+    started = time.monotonic()
+    clean = terminate(pid, timeout)
+    seconds = time.monotonic() - started
+    how = "shut down cleanly" if clean else f"killed after {timeout:.0f} s without exiting"
+    _say(f"broker pid {pid} {how} ({seconds:.1f} s)")
+
+
+def broker_status(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
+    """The broker state plus ``running``, ``healthy`` and, for a dead pid, ``stale``."""
+    paths = BrokerPaths.of(settings)
+    state = read_state(paths)
+    if state is None:
+        return {"running": False, "healthy": False, "state_file": str(paths.state)}
+    if not state_is_live(state, paths):
+        return {**state, "running": False, "healthy": False, "stale": True}
+    return {**state, "running": True, "healthy": probe(state["bootstrap_servers"], timeout)}
+
+
+def wait_for_broker(settings: Settings, timeout: float = 60.0) -> float:
+    """Block until the local broker (possibly still being started) is healthy.
+
+    Returns the seconds waited; raises :class:`TimeoutError`, or :class:`BrokerError` at once
+    if ``broker.json`` names a process that is gone.
+    """
+    start = time.monotonic()
+    while True:
+        remaining = start + timeout - time.monotonic()
+        status = broker_status(settings, timeout=max(min(remaining, PROBE_SECONDS), 0.1))
+        if status["healthy"]:
+            return time.monotonic() - start
+        if status.get("stale"):
+            raise BrokerError(f"broker.json is stale: process {status.get('pid')} is gone")
+        if remaining <= 0:
+            raise TimeoutError(f"the local broker was not healthy within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``start | stop | status | wait`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="broker.py", description="Manage the local single-node Kafka broker (KRaft)."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("start", help="start the broker (no-op if already healthy)")
+    start.add_argument("--port", type=_port, help="client port (default: a free port)")
+    start.add_argument("--controller-port", type=_port, help="controller port (default: free)")
+    start.add_argument("--timeout", type=float, default=60.0, help="seconds to become healthy")
+    stop = commands.add_parser("stop", help="stop the broker (controlled shutdown)")
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds before SIGKILL")
+    status = commands.add_parser("status", help="print the state; exit 0 only if healthy")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds for the probe")
+    wait = commands.add_parser("wait", help="block until the broker is healthy")
+    wait.add_argument("--timeout", type=float, default=60.0, help="seconds to wait")
+    return parser
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    print(json.dumps(data, indent=2), flush=True)
+
+
+def _cmd_start(settings: Settings, args: argparse.Namespace) -> int:
+    state = start_broker(settings, args.port, args.timeout, args.controller_port)
+    _print_json(state)
+    if "ready_seconds" in state:
+        _say(f"broker ready at {state['bootstrap_servers']} in {state['ready_seconds']} s")
+    return 0
+
+
+def _cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
+    if not stop_broker(settings, args.timeout):
+        _say(f"no broker was running for {settings.broker_dir}")
+    return 0
+
+
+def _cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    status = broker_status(settings, args.timeout)
+    _print_json(status)
+    if status.get("stale"):
+        _say(f"stale broker.json: process {status.get('pid')} is gone (run `broker.py start`)")
+    elif not status["running"]:
+        _say(f"no broker is running for {settings.broker_dir}")
+    return 0 if status["healthy"] else 1
+
+
+def _cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        seconds = wait_for_broker(settings, args.timeout)
+    except TimeoutError as exc:
+        _say(str(exc))
+        return 1
+    _say(f"broker healthy after {seconds:.1f} s")
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "start": _cmd_start,
+    "stop": _cmd_stop,
+    "status": _cmd_status,
+    "wait": _cmd_wait,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](load_settings(), args)
+    except ConfigError as exc:
+        _say(f"error: {exc}")
+        return 2
+    except BrokerError as exc:
+        _say(f"error: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Pure logic of platform/kafka/broker.py that needs no JVM and no running broker."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pipelines.errors import ConfigError
+from pipelines.settings import PROJECT_ROOT, Settings
+
+
+def _load_broker_module() -> ModuleType:
+    """Import the script by path: ``platform/`` is deliberately not a package."""
+    path = PROJECT_ROOT / "platform" / "kafka" / "broker.py"
+    spec = importlib.util.spec_from_file_location("conflux_kafka_broker", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+broker = _load_broker_module()
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(runtime_dir=tmp_path, jars_dir=tmp_path / "jars")
+
+
+def _properties(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {key: value for key, value in pairs}
+
+
+def test_properties_describe_a_combined_single_node(tmp_path: Path) -> None:
+    props = _properties(broker.render_properties(9092, 9093, tmp_path / "data"))
+
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9093"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9092"
+    assert props["log.dirs"] == str(tmp_path / "data")
+    assert props["offsets.topic.replication.factor"] == "1"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+
+
+def test_cluster_id_is_a_kafka_uuid() -> None:
+    cluster_id = broker.new_cluster_id()
+
+    assert len(cluster_id) == 22 and not cluster_id.startswith("-")
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
+
+
+def test_meta_properties_cluster_id(tmp_path: Path) -> None:
+    assert broker.read_meta_cluster_id(tmp_path) is None
+    (tmp_path / "meta.properties").write_text("#\nnode.id=1\ncluster.id=abc\nversion=1\n")
+
+    assert broker.read_meta_cluster_id(tmp_path) == "abc"
+
+
+def test_select_ports_picks_distinct_free_ports() -> None:
+    port, controller_port = broker.select_ports(None, None)
+
+    assert port != controller_port
+    for value in (port, controller_port):
+        broker.ensure_port_free(value, "--port")
+
+
+def test_taken_port_is_named_in_the_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} .*--port"):
+            broker.select_ports(port, None)
+
+
+def test_same_port_twice_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="must differ"):
+        broker.select_ports(40000, 40000)
+
+
+def test_status_without_state(tmp_path: Path) -> None:
+    status = broker.broker_status(_settings(tmp_path))
+
+    assert status["running"] is False and status["healthy"] is False
+    assert "stale" not in status
+
+
+def test_stale_state_with_dead_pid(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    settings.broker_dir.mkdir()
+    state = {"pid": _dead_pid(), "bootstrap_servers": "127.0.0.1:1"}
+    (settings.broker_dir / "broker.json").write_text(json.dumps(state))
+
+    assert broker.broker_status(settings)["stale"] is True
+    assert broker.stop_broker(settings) is False
+    assert not (settings.broker_dir / "broker.json").exists()
+
+
+def test_a_live_pid_that_is_not_kafka_is_not_our_broker(tmp_path: Path) -> None:
+    paths = broker.BrokerPaths.of(_settings(tmp_path))
+
+    assert broker.pid_alive(os.getpid())
+    assert not broker.is_our_broker(os.getpid(), paths)
+
+
+def test_stop_with_nothing_running(tmp_path: Path) -> None:
+    assert broker.stop_broker(_settings(tmp_path)) is False
+
+
+def test_log_tail_from_offset(tmp_path: Path) -> None:
+    log = tmp_path / "broker.out"
+    log.write_text("old\n" + "".join(f"line {i}\n" for i in range(40)))
+
+    assert broker.log_tail(log, lines=2) == "line 38\nline 39"
+    assert broker.log_tail(log, lines=50, offset=4).splitlines()[0] == "line 0"
+    assert broker.log_tail(tmp_path / "missing") == ""
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid

@@ -1,0 +1,56 @@
+import pytest
+
+from pipelines.errors import ConfigError
+from pipelines.progress import kafka_lag
+from pipelines.settings import load_settings
+from pipelines.sources.kafka import reader_options, redacted, resolve_options
+from pipelines.spec import parse_spec
+
+
+def test_env_references_are_resolved_and_secrets_redacted() -> None:
+    options = {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.jaas.config": "${env:ORDERS_JAAS}",
+    }
+    resolved = resolve_options(options, environ={"ORDERS_JAAS": "secret-jaas"})
+    assert resolved["kafka.sasl.jaas.config"] == "secret-jaas"
+    assert redacted(resolved) == {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.jaas.config": "***",
+    }
+
+
+def test_missing_secret_variable_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"\$\{env:NOPE\}, which is not set"):
+        resolve_options({"kafka.sasl.jaas.config": "${env:NOPE}"}, environ={})
+
+
+def test_reader_options_from_spec() -> None:
+    spec = parse_spec(
+        {
+            "name": "orders",
+            "source": {
+                "kind": "kafka",
+                "pattern": "orders\\..*",
+                "starting_offsets": "timestamp",
+                "starting_timestamp_ms": 1700000000000,
+                "max_offsets_per_trigger": 500,
+                "fail_on_data_loss": False,
+                "bootstrap_servers": "127.0.0.1:9092",
+            },
+            "target": {"table": "t"},
+        }
+    )
+    options = reader_options(spec.source, load_settings(environ={}))  # type: ignore[arg-type]
+    assert options["subscribePattern"] == "orders\\..*"
+    assert options["startingTimestamp"] == "1700000000000"
+    assert options["maxOffsetsPerTrigger"] == "500"
+    assert options["failOnDataLoss"] == "false"
+    assert "subscribe" not in options and "startingOffsets" not in options
+
+
+def test_lag_sums_partitions() -> None:
+    end = {"orders": {"0": 10, "1": 5}}
+    latest = {"orders": {"0": 15, "1": 5, "2": 3}}
+    assert kafka_lag(end, latest) == 8
+    assert kafka_lag(None, latest) is None
