@@ -62,11 +62,21 @@ class StopRequest:
         return self._event.is_set()
 
 
+def last_batch_id(query: StreamingQuery) -> int:
+    progress = query.lastProgress
+    return -1 if progress is None else int(progress["batchId"])
+
+
 def stop_after_inflight_batch(query: StreamingQuery, timeout: float = 120.0) -> None:
-    """Stop ``query`` once no micro-batch is running, so the last batch commits first."""
-    deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    """Stop ``query`` once the micro-batch running now has committed.
+
+    A batch the query starts after that is interrupted, uncommitted, and replayed on restart.
+    """
+    if query.isActive and query.status.get("isTriggerActive"):
+        inflight = last_batch_id(query) + 1
+        deadline = time.monotonic() + timeout
+        while query.isActive and last_batch_id(query) < inflight and time.monotonic() < deadline:
+            time.sleep(0.1)
     query.stop()
 
 

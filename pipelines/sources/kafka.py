@@ -9,10 +9,12 @@ Options under ``kafka.*`` pass through to the Kafka client. A value written ``${
 from the environment when the stream starts, so SASL/SSL secrets live outside the spec; such values
 are never logged (see :func:`redacted`).
 
-Lost offsets: when the offsets a checkpoint points at were deleted by retention before they were
-read, ``fail_on_data_loss: true`` (the default) fails the query, and the runner exits non-zero;
-``false`` logs a warning and continues from the earliest offsets still available, skipping the
-lost records.
+Lost offsets: when the offsets a checkpoint points at no longer exist (retention deleted them
+before they were read, or the topic was deleted and recreated), ``fail_on_data_loss: true`` (the
+default) fails the query with Spark's data-loss error and the runner exits non-zero, so nothing is
+skipped silently. ``false`` logs Spark's warning and goes on: records deleted by retention are
+skipped, and in a recreated topic the records below the checkpoint's offsets are skipped too (the
+query keeps its position). Tested in ``tests/integration/test_runner.py::TestLostOffsets``.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from pyspark.sql import SparkSession
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
-from tests.integration.conftest import KafkaBroker, settings_env
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runner import RunnerProcess
+from tests.support.runtime import KafkaBroker, settings_env
 
 RECORDS = 100_000
 KILLS = 3

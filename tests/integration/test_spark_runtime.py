@@ -5,8 +5,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from tests.integration.conftest import KafkaBroker
 from tests.support.kafka import create_topic, order_payloads, produce
+from tests.support.runtime import KafkaBroker
 
 
 class TestDeltaOnSpark:

@@ -1,0 +1,196 @@
+"""Shared plumbing of the benchmarks: child processes, their environment, result rows."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = PROJECT_ROOT / "bench"
+PYTHON = sys.executable
+POLL_SECONDS = 0.05
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run or its result is wrong (e.g. a table misses rows)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the results table."""
+
+    benchmark: str
+    metric: str
+    value: str
+    notes: str = ""
+
+    def markdown(self) -> str:
+        return f"| {self.benchmark} | {self.metric} | {self.value} | {self.notes} |"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one benchmark reports: table rows, raw data for the JSON file, extra Markdown."""
+
+    rows: list[Row]
+    data: dict[str, Any]
+    extra: str = ""
+
+
+def say(message: str) -> None:
+    """Progress messages go to stderr, so stdout holds only the Markdown results."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def conflux_env(
+    runtime_dir: Path,
+    jars_dir: Path,
+    bootstrap: str | None = None,
+    spark_conf: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """A child environment where ``load_settings()`` points at ``runtime_dir`` (UI off).
+
+    Mirrors ``settings_env`` of the integration tests: inherited ``CONFLUX_*`` variables are
+    dropped, and so is a Dagster Pipes context, so the runner reports on stdout only.
+    ``spark_conf`` adds Spark settings (``CONFLUX_SPARK_CONF``).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFLUX_", "DAGSTER_PIPES_"))}
+    env.update(
+        CONFLUX_RUNTIME_DIR=str(runtime_dir),
+        CONFLUX_JARS_DIR=str(jars_dir),
+        CONFLUX_FLOWS_DIR=str(runtime_dir / "flows"),
+        CONFLUX_SPARK_CONF=json.dumps({"spark.ui.enabled": "false", **(spark_conf or {})}),
+    )
+    if bootstrap:
+        env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+    return env
+
+
+def last_json_line(text: str, prefix: str) -> dict[str, Any]:
+    """The JSON document after ``prefix`` on the last line that starts with it."""
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    if not lines:
+        raise BenchError(f"no line starting with {prefix!r} in the output")
+    return dict(json.loads(lines[-1][len(prefix) :]))
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, read from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def reap_group(pgid: int, timeout: float = 30.0) -> None:
+    """Wait until group ``pgid`` is gone (a JVM may outlive its Python parent), else SIGKILL it."""
+    deadline = time.monotonic() + timeout
+    while group_pids(pgid):
+        if time.monotonic() >= deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + 10.0
+        time.sleep(0.1)
+
+
+class Child:
+    """A subprocess in its own process group with its output in ``log``.
+
+    Use it as a context manager: on exit the whole group (Python driver and JVM) is killed if it
+    still runs, so an error in the harness never leaves a Spark application behind.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self.spawned_epoch = time.time()
+        self.started = time.monotonic()
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def wait_for_text(self, text: str, timeout: float) -> float:
+        """Seconds since spawn when ``text`` appeared in the log; raises if it never does."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.process.poll() is not None:
+                raise BenchError(f"{self.log.name}: exited {self.process.returncode} before "
+                                 f"{text!r}:\n{self.tail()}")  # fmt: skip
+            if time.monotonic() >= deadline:
+                raise BenchError(f"{self.log.name}: no {text!r} after {timeout:.0f} s")
+            time.sleep(POLL_SECONDS)
+        return self.elapsed()
+
+    def wait_ok(self, timeout: float) -> float:
+        """Wait for a zero exit; return seconds since spawn. Raises on timeout or failure."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise BenchError(f"{self.log.name}: still running after {timeout:.0f} s") from exc
+        seconds = self.elapsed()
+        if code != 0:
+            raise BenchError(f"{self.log.name}: exit code {code}:\n{self.tail()}")
+        return seconds
+
+    def close(self) -> None:
+        """Kill the group if the child still runs; wait until no process of it is left."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        reap_group(self.process.pid)
+
+
+def run_python(script: str, args: list[str], env: dict[str, str], log: Path, timeout: float) -> str:
+    """Run ``bench/<script>`` to completion and return its output; raises unless it exits 0."""
+    with Child([PYTHON, str(BENCH_DIR / script), *args], env, log) as child:
+        child.wait_ok(timeout)
+        return child.output()

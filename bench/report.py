@@ -1,0 +1,49 @@
+"""The benchmark report: Markdown for people, JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Outcome
+
+RESULTS_HEADER = "| benchmark | metric | value | notes |\n|---|---|---|---|"
+
+
+def key_value_table(values: dict[str, str]) -> str:
+    lines = ["| | |", "|---|---|"]
+    lines += [f"| {key} | {value} |" for key, value in values.items()]
+    return "\n".join(lines)
+
+
+def results_table(outcomes: dict[str, Outcome]) -> str:
+    rows = [row.markdown() for outcome in outcomes.values() for row in outcome.rows]
+    return "\n".join([RESULTS_HEADER, *rows])
+
+
+def markdown_block(meta: dict[str, Any], outcomes: dict[str, Outcome]) -> str:
+    parts = [
+        f"## Conflux benchmark, {meta['started_at']}",
+        f"Command: `{meta['command']}` (wall time {meta['wall_seconds']:.0f} s)",
+        "### Machine",
+        key_value_table(meta["machine"]),
+        "### Versions",
+        key_value_table(meta["versions"]),
+        "### Results",
+        results_table(outcomes),
+    ]
+    for name, outcome in outcomes.items():
+        if outcome.extra:
+            parts += [f"### {name}: every run", outcome.extra]
+    return "\n\n".join(parts)
+
+
+def write_json(path: Path, meta: dict[str, Any], outcomes: dict[str, Outcome]) -> None:
+    document = {
+        **meta,
+        "results": {name: outcome.data for name, outcome in outcomes.items()},
+        "rows": [asdict(row) for outcome in outcomes.values() for row in outcome.rows],
+    }
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -1,0 +1,172 @@
+"""Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency.
+
+Usage (from the project root)::
+
+    .venv/bin/python bench/run.py [--records N] [--only NAME ...] [--json out.json]
+
+Everything runs in a temporary runtime folder with the benchmark's own Kafka broker (started
+through ``platform/kafka/broker.py``, listening on 127.0.0.1 only); the broker, every Spark process
+and the folder are removed at the end, also on errors. Results are printed as Markdown rows while
+they come, then as one Markdown block with the machine facts and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import PROJECT_ROOT, BenchError, Outcome, say
+from bench.latency import run_latency
+from bench.machine import load_average, machine_facts, versions
+from bench.orders import Pace
+from bench.own_broker import broker_outcome, start_broker, stop_broker
+from bench.report import RESULTS_HEADER, markdown_block, write_json
+from bench.session_start import run_session_start
+from bench.throughput import Setup, run_throughput
+from pipelines.settings import load_settings
+
+BENCHMARKS = ("broker_start", "spark_session_start", "bronze_throughput", "e2e_latency")
+NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run the Conflux benchmarks.")
+    parser.add_argument("--records", type=int, default=1_000_000, help="records for throughput")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these benchmarks")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--max-offsets", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each throughput pipeline")
+    parser.add_argument("--session-runs", type=int, default=3, help="Spark session start runs")
+    parser.add_argument("--latency-seconds", type=float, default=60.0, help="latency: seconds")
+    parser.add_argument("--latency-rate", type=float, default=500.0, help="latency: events/s")
+    parser.add_argument("--latency-interval", default="500 milliseconds", help="trigger interval")
+    parser.add_argument(
+        "--latency-warmup",
+        type=float,
+        default=10.0,
+        help="latency: seconds produced at the same rate before measuring (excluded)",
+    )
+    parser.add_argument(
+        "--event-log",
+        action="store_true",
+        help="throughput: write Spark event logs and report where the time went (diagnostic)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    return parser.parse_args(argv)
+
+
+class Bench:
+    """Runs the selected benchmarks and prints each result row as soon as it is known."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path, jars_dir: Path) -> None:
+        self.args, self.workdir, self.jars_dir = args, workdir, jars_dir
+        self.selected = set(args.only or BENCHMARKS)
+        self.outcomes: dict[str, Outcome] = {}
+
+    def record(self, name: str, outcome: Outcome) -> None:
+        self.outcomes[name] = outcome
+        for row in outcome.rows:
+            print(row.markdown(), flush=True)
+
+    def run(self) -> None:
+        print(RESULTS_HEADER, flush=True)
+        if "spark_session_start" in self.selected:
+            self.session_start()
+        if self.selected & NEEDS_BROKER:
+            self.with_broker()
+
+    def session_start(self) -> None:
+        runs = self.args.session_runs
+        self.record("spark_session_start", run_session_start(self.workdir, self.jars_dir, runs))
+
+    def with_broker(self) -> None:
+        runtime = self.workdir / "broker"
+        try:
+            broker = start_broker(runtime, self.jars_dir)
+            if "broker_start" in self.selected:
+                self.record("broker_start", broker_outcome(broker))
+            if "bronze_throughput" in self.selected:
+                self.throughput(broker.bootstrap)
+            if "e2e_latency" in self.selected:
+                self.latency(broker.bootstrap)
+        finally:
+            stop_broker(runtime, self.jars_dir)
+
+    def throughput(self, bootstrap: str) -> None:
+        a = self.args
+        workdir = self.workdir / "throughput"
+        setup = Setup(workdir, self.jars_dir, bootstrap, a.max_offsets, a.event_log)
+        self.record("bronze_throughput", run_throughput(setup, a.records, a.repeats))
+
+    def latency(self, bootstrap: str) -> None:
+        a = self.args
+        outcome = run_latency(
+            self.workdir, self.jars_dir, bootstrap,
+            Pace(a.latency_rate, a.latency_seconds, a.latency_warmup), a.latency_interval,
+        )  # fmt: skip
+        self.record("e2e_latency", outcome)
+
+
+def command_line() -> str:
+    python = Path(sys.executable)
+    if python.is_relative_to(PROJECT_ROOT):
+        python = python.relative_to(PROJECT_ROOT)
+    return shlex.join([str(python), "bench/run.py", *sys.argv[1:]])
+
+
+def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through every cleanup
+
+
+def run(args: argparse.Namespace, meta: dict[str, Any]) -> Bench:
+    jars_dir = load_settings().jars_dir
+    meta["versions"] = versions(jars_dir)
+    workdir = Path(tempfile.mkdtemp(prefix="conflux-bench-"))
+    say(f"working folder {workdir}")
+    bench = Bench(args, workdir, jars_dir)
+    try:
+        bench.run()
+    finally:
+        if args.keep:
+            say(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    started = time.monotonic()
+    meta: dict[str, Any] = {
+        "command": command_line(),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_facts(),
+    }
+    meta["machine"]["load average at start (1/5/15 min)"] = load_average()
+    try:
+        bench = run(args, meta)
+    except BenchError as exc:
+        say(f"FAILED: {exc}")
+        return 1
+    meta["machine"]["load average at end (1/5/15 min)"] = load_average()
+    meta["wall_seconds"] = time.monotonic() - started
+    print("\n" + markdown_block(meta, bench.outcomes), flush=True)
+    if args.json:
+        write_json(args.json, meta, bench.outcomes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
