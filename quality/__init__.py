@@ -1,0 +1,1 @@
+"""Data-quality rules, Great Expectations suites and the asset checks built from them."""
