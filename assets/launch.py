@@ -1,4 +1,4 @@
-"""Launch a flow's Spark application through Dagster Pipes and follow it until it ends.
+"""Launch flows' Spark application through Dagster Pipes and follow it until it ends.
 
 * ``available_now``: the child reports the asset's materialization once, when it has caught up.
 * ``continuous``: Pipes accepts one materialization per asset per session, so the child reports
@@ -102,7 +102,7 @@ class RunMonitor:
                 self.errors.append(str(message["message"]))
         for relay in self.relays.values():
             relay.flush(final)
-        if time.monotonic() - self.last_heartbeat >= self.heartbeat:
+        if self.relays and time.monotonic() - self.last_heartbeat >= self.heartbeat:
             lags = {f: r.latest.get("lag") for f, r in self.relays.items()}
             self.context.log.info(f"heartbeat: flows running, lag per flow {lags}")
             self.last_heartbeat = time.monotonic()

@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from pipelines.locations import FlowLocations
 from pipelines.settings import Settings, load_settings
+from pipelines.spec import load_specs
 
 TOPIC = "orders"
 PRODUCTS = ("espresso", "latte", "flat-white", "cortado", "mocha")
@@ -65,14 +67,17 @@ def produce_events(bootstrap: str, ids: range, rng: random.Random) -> int:
     return len(ids) + len(BAD_RECORDS)
 
 
-def write_files(landing: Path, ids: range, files: int, rng: random.Random) -> int:
+def write_files(
+    landing: Path, ids: range, files: int, rng: random.Random, with_oddities: bool
+) -> int:
+    """Write JSON-lines files atomically; ``with_oddities`` adds records that break the schema."""
     landing.mkdir(parents=True, exist_ok=True)
     per_file = max(1, len(ids) // files)
     written = 0
     for index in range(files):
         chunk = ids[index * per_file : (index + 1) * per_file]
         lines = [json.dumps(order(i, rng)) for i in chunk]
-        if index == 0:  # one unknown field and one type mismatch: both land in _rescued_data
+        if index == 0 and with_oddities:  # an unknown field and a type mismatch: _rescued_data
             lines.append(json.dumps({**order(0, rng), "coupon": "WELCOME10"}))
             lines.append(json.dumps({**order(0, rng), "amount": "n/a"}))
         target = landing / f"orders-{chunk.start}-{index}.json"
@@ -93,15 +98,22 @@ def main() -> int:
     sent = produce_events(
         settings.resolved_bootstrap_servers(), next_ids(settings, args.events), rng
     )
+    # The file flow infers its schema from the first files it sees: keep those clean, and send
+    # records that break the schema only once the schema is stored.
+    spec = next(s for s in load_specs(settings.flows_dir) if s.name == "orders_files")
+    schema_stored = FlowLocations.of(spec, settings).schema_file.exists()
     lines = write_files(
         settings.runtime_dir / "landing" / "orders",
         next_ids(settings, args.events),
         args.files,
         rng,
+        with_oddities=schema_stored,
     )
     print(
         f"produced {sent} records to Kafka topic '{TOPIC}' and {lines} lines in {args.files} files"
     )
+    if not schema_stored:
+        print("run the demo again to see records that break the file schema land in _rescued_data")
     return 0
 
 
