@@ -35,6 +35,7 @@ from dagster import (
 )
 
 from assets.resources import SparkSubmitResource
+from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
 
 
@@ -108,6 +109,17 @@ class RunMonitor:
             self.last_heartbeat = time.monotonic()
 
 
+def loggable(command: list[str]) -> list[str]:
+    """The command with the values of secret-looking ``--conf`` settings replaced by ``***``."""
+    shown = []
+    for arg in command:
+        key, sep, value = arg.partition("=")
+        shown.append(
+            f"{key}={redacted({key: value})[key]}" if sep and key.startswith("spark.") else arg
+        )
+    return shown
+
+
 def stop_gracefully(process: subprocess.Popen[bytes], stop_file: Path, timeout: float) -> None:
     """Ask the runner to stop via its stop file; escalate to SIGTERM, then SIGKILL, if it hangs."""
     stop_file.touch()
@@ -143,7 +155,7 @@ def run_flows(
     with tempfile.TemporaryDirectory(prefix="conflux-run-") as scratch:
         stop_file = Path(scratch) / "stop"
         command = spark_submit.command([Path(s.spec_file) for s in specs], trigger, stop_file)
-        context.log.info(f"launching: {' '.join(command)}")
+        context.log.info(f"launching: {' '.join(loggable(command))}")
         with open_pipes_session(
             context=context,
             context_injector=PipesEnvContextInjector(),

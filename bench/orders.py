@@ -53,7 +53,7 @@ def order_event(i: int, event_time: str, extra: str = "") -> tuple[bytes, bytes]
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     for future in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
         future.result(timeout=60)
 

@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
+    except KeyboardInterrupt:
+        say("interrupted: everything it started was stopped")
+        return 130
     meta["machine"]["load average at end (1/5/15 min)"] = load_average()
     meta["wall_seconds"] = time.monotonic() - started
     print("\n" + markdown_block(meta, bench.outcomes), flush=True)

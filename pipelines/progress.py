@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -88,10 +89,21 @@ def kafka_lag(end: Any, latest: Any) -> int | None:
 
 
 def delta_version(spark: SparkSession, table_path: str) -> int | None:
-    """The table's latest committed version, or None before its first commit."""
-    if not DeltaTable.isDeltaTable(spark, table_path):
-        return None
-    return int(DeltaTable.forPath(spark, table_path).history(1).collect()[0]["version"])
+    """The table's latest committed version, or None before its first commit.
+
+    Reads the snapshot the Delta sink just committed from Delta's in-memory log cache, which runs
+    no Spark job; ``DESCRIBE HISTORY`` (a job on the cores the next micro-batch needs) is the
+    fallback if that internal API is unavailable.
+    """
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table_path)
+        version = int(log.unsafeVolatileSnapshot().version())
+        return version if version >= 0 else None
+    except Py4JError:
+        if not DeltaTable.isDeltaTable(spark, table_path):
+            return None
+        return int(DeltaTable.forPath(spark, table_path).history(1).collect()[0]["version"])
 
 
 class ProgressTracker(StreamingQueryListener):

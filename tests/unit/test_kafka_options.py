@@ -54,3 +54,18 @@ def test_lag_sums_partitions() -> None:
     latest = {"orders": {"0": 15, "1": 5, "2": 3}}
     assert kafka_lag(end, latest) == 8
     assert kafka_lag(None, latest) is None
+
+
+def test_launch_command_is_logged_without_secrets() -> None:
+    from assets.launch import loggable
+
+    command = [
+        "spark-submit",
+        "--conf",
+        "spark.hadoop.fs.s3a.secret.key=abc",
+        "--conf",
+        "spark.master=local",
+    ]
+    assert loggable(command) == [
+        "spark-submit", "--conf", "spark.hadoop.fs.s3a.secret.key=***", "--conf", "spark.master=local",
+    ]  # fmt: skip
