@@ -33,6 +33,12 @@ def main() -> int:
         else:
             sample = table.drop("source_modified_at", "ingested_at").orderBy(F.desc("source_file"))
         sample.show(5, truncate=70)
+        if "_rescued_data" in table.columns:
+            rescued = table.where(F.col("_rescued_data").isNotNull())
+            print(
+                f"rows with _rescued_data (fields that did not fit the stored schema): {rescued.count()}"
+            )
+            rescued.select("order_id", "amount", "_rescued_data").show(5, truncate=70)
         DeltaTable.forPath(spark, path).history(5).select(
             "version", "timestamp", "operation", "operationMetrics.numOutputRows"
         ).show(truncate=False)
