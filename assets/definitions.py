@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job
 
-from assets.flows import bronze_assets, bronze_key, source_specs
+from assets.flows import bronze_assets, source_specs
+from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource, pyspark_resource
 from pipelines.settings import load_settings
 from pipelines.spec import load_specs

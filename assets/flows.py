@@ -13,11 +13,13 @@ from dagster import (
     AssetsDefinition,
     AssetSpec,
     Config,
+    Failure,
     PipesExecutionResult,
     multi_asset,
 )
 from pydantic import Field
 
+from assets.keys import bronze_key
 from assets.launch import run_flows
 from assets.resources import SparkSubmitResource
 from pipelines.locations import FlowLocations
@@ -30,10 +32,6 @@ class FlowRunConfig(Config):
         default=None,
         description=f"Override the specs' trigger mode for this run ({', '.join(TRIGGER_MODES)}).",
     )
-
-
-def bronze_key(spec: FlowSpec) -> AssetKey:
-    return AssetKey(["bronze", spec.target.table])
 
 
 def source_specs(spec: FlowSpec) -> list[AssetSpec]:
@@ -91,6 +89,8 @@ def bronze_assets(specs: list[FlowSpec], settings: Settings) -> AssetsDefinition
     def _bronze_flows(
         context: AssetExecutionContext, config: FlowRunConfig, spark_submit: SparkSubmitResource
     ) -> Iterator[PipesExecutionResult]:
+        if config.trigger is not None and config.trigger not in TRIGGER_MODES:
+            raise Failure(f"trigger: {config.trigger!r} is not one of {', '.join(TRIGGER_MODES)}")
         selected = [by_key[key] for key in sorted(context.selected_asset_keys, key=str)]
         yield from run_flows(context, selected, spark_submit, config.trigger)
 

@@ -34,6 +34,7 @@ from dagster import (
     open_pipes_session,
 )
 
+from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
@@ -144,7 +145,7 @@ def run_flows(
     ``trigger`` overrides the specs' trigger modes; a run with any continuous flow is followed
     live (throttled materializations per committed batch) until it is stopped.
     """
-    keys = {spec.name: AssetKey(["bronze", spec.target.table]) for spec in specs}
+    keys = {spec.name: bronze_key(spec) for spec in specs}
     continuous = any((trigger or spec.trigger.mode) == "continuous" for spec in specs)
     extras = {"asset_keys": {name: key.to_user_string() for name, key in keys.items()}}
     relays = {

@@ -174,10 +174,14 @@ def parse_spec(data: Any, where: str = "<inline>") -> FlowSpec:
     top.only("name", "description", "source", "target", "trigger")
     name = top.identifier("name", top.get("name", str, required=True))
     trigger = _parse_trigger(top)
+    source = _parse_source(top.sub("source"))
+    target = _parse_target(top.sub("target"))
+    if isinstance(source, FileSource) and "topic" in target.partition_by:
+        raise SpecError(f"{where}: target.partition_by: a files source has no topic column")
     return FlowSpec(
         name=name,
-        source=_parse_source(top.sub("source")),
-        target=_parse_target(top.sub("target")),
+        source=source,
+        target=target,
         trigger=trigger,
         description=top.get("description", str, ""),
         spec_file=where,

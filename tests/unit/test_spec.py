@@ -99,3 +99,15 @@ def test_yaml_syntax_error_names_the_file(tmp_path: Path) -> None:
     bad.write_text("name: [unclosed\n")
     with pytest.raises(SpecError, match=r"bad\.yaml: cannot read the spec"):
         load_spec(bad)
+
+
+def test_files_source_cannot_partition_by_topic() -> None:
+    with pytest.raises(SpecError, match=r"target\.partition_by: a files source has no topic"):
+        parse_spec(
+            {
+                "name": "landing",
+                "source": {"kind": "files", "path": "x"},
+                "target": {"table": "t", "partition_by": ["topic"]},
+            },
+            where="flows/x.yaml",
+        )
