@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from pipelines.settings import load_settings, settings_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = PROJECT_ROOT / "bench"
@@ -70,15 +72,16 @@ def conflux_env(
     dropped, and so is a Dagster Pipes context, so the runner reports on stdout only.
     ``spark_conf`` adds Spark settings (``CONFLUX_SPARK_CONF``).
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFLUX_", "DAGSTER_PIPES_"))}
-    env.update(
-        CONFLUX_RUNTIME_DIR=str(runtime_dir),
-        CONFLUX_JARS_DIR=str(jars_dir),
-        CONFLUX_FLOWS_DIR=str(runtime_dir / "flows"),
-        CONFLUX_SPARK_CONF=json.dumps({"spark.ui.enabled": "false", **(spark_conf or {})}),
+    settings = replace(
+        load_settings(environ={}),
+        runtime_dir=runtime_dir,
+        jars_dir=jars_dir,
+        flows_dir=runtime_dir / "flows",
+        kafka_bootstrap_servers=bootstrap,
+        spark_conf={"spark.ui.enabled": "false", **(spark_conf or {})},
     )
-    if bootstrap:
-        env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES_")}
+    env = settings_environment(settings, base)
     return env
 
 

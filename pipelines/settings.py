@@ -107,6 +107,28 @@ def load_settings(
     return _apply(settings, from_env, source="environment")
 
 
+def settings_environment(
+    settings: Settings, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A process environment in which :func:`load_settings` returns ``settings`` again.
+
+    ``base`` (default: this process's environment) is kept, minus its ``CONFLUX_*`` variables;
+    use it to point a child process (a runner, a broker, a benchmark job) at these settings.
+    """
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if not k.startswith("CONFLUX_")}
+    env.update(
+        CONFLUX_RUNTIME_DIR=str(settings.runtime_dir),
+        CONFLUX_JARS_DIR=str(settings.jars_dir),
+        CONFLUX_FLOWS_DIR=str(settings.flows_dir),
+        CONFLUX_SPARK_MASTER=settings.spark_master,
+        CONFLUX_SPARK_CONF=json.dumps(dict(settings.spark_conf)),
+    )
+    if settings.kafka_bootstrap_servers:
+        env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
+    return env
+
+
 def _config_path(env: Mapping[str, str]) -> Path | None:
     if "CONFLUX_CONFIG" in env:
         path = Path(env["CONFLUX_CONFIG"])

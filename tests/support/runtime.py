@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pipelines.settings import PROJECT_ROOT, Settings
+from pipelines.settings import PROJECT_ROOT, Settings, settings_environment
 
 BROKER_SCRIPT = PROJECT_ROOT / "platform" / "kafka" / "broker.py"
 
@@ -70,14 +70,6 @@ class KafkaBroker:
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """A subprocess environment that makes ``load_settings()`` return ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONFLUX_")}
-    env.update(
-        CONFLUX_RUNTIME_DIR=str(settings.runtime_dir),
-        CONFLUX_JARS_DIR=str(settings.jars_dir),
-        CONFLUX_FLOWS_DIR=str(settings.flows_dir),
-        CONFLUX_SPARK_CONF=json.dumps({"spark.ui.enabled": "false", **settings.spark_conf}),
-    )
-    if settings.kafka_bootstrap_servers:
-        env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
-    return env
+    """A subprocess environment that makes ``load_settings()`` return ``settings``, UI off."""
+    ui_off = {"spark.ui.enabled": "false", **settings.spark_conf}
+    return settings_environment(replace(settings, spark_conf=ui_off))

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.errors import ConfigError
-from pipelines.settings import PROJECT_ROOT, load_settings
+from pipelines.settings import PROJECT_ROOT, load_settings, settings_environment
 
 
 def test_defaults_are_the_embedded_runtime() -> None:
@@ -63,3 +63,16 @@ def test_bootstrap_without_broker_says_how_to_start_it(tmp_path: Path) -> None:
     settings = load_settings(environ={"CONFLUX_RUNTIME_DIR": str(tmp_path)})
     with pytest.raises(ConfigError, match="make broker-start"):
         settings.resolved_bootstrap_servers()
+
+
+def test_settings_environment_round_trips(tmp_path: Path) -> None:
+    settings = load_settings(
+        environ={
+            "CONFLUX_RUNTIME_DIR": str(tmp_path),
+            "CONFLUX_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+            "CONFLUX_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
+        }
+    )
+    env = settings_environment(settings, base={"PATH": "/bin", "CONFLUX_OLD": "x"})
+    assert env["PATH"] == "/bin" and "CONFLUX_OLD" not in env
+    assert load_settings(environ=env) == settings
