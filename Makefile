@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
 PYTEST_ARGS ?=
 
 .PHONY: help setup jars dagster-home broker-start broker-stop broker-status demo ui test test-unit \
-	test-integration test-e2e lint format typecheck bench clean
+	test-integration test-e2e chaos lint format typecheck bench clean
 
 help: ## List every target
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -47,6 +47,8 @@ demo: broker-start ## Run the demo: events to Kafka + files, ingested to bronze 
 	$(PY) platform/demo/produce_sample.py
 	$(VENV)/bin/dagster job execute -m assets.definitions -a defs -j ingest_incremental
 	$(PY) platform/demo/show_tables.py
+	@echo; echo "== conflux flows"; $(VENV)/bin/conflux flows
+	@echo; echo "== conflux status orders"; $(VENV)/bin/conflux status orders
 	@echo; echo "Open the UI with: make ui   (then http://127.0.0.1:3000)"
 
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000
@@ -75,6 +77,9 @@ format: $(STAMP) ## Apply ruff's formatter and autofixes
 
 typecheck: $(STAMP) ## Run mypy on the packages
 	$(VENV)/bin/mypy pipelines assets quality
+
+chaos: setup ## Full-scale kill -9 exactly-once runs (100k records; KILL_SEED=N to replay a schedule)
+	CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} $(VENV)/bin/pytest -s tests/integration/test_bronze_exactly_once.py $(PYTEST_ARGS)
 
 bench: setup ## Run the benchmarks (see BENCHMARKS.md)
 	$(PY) bench/run.py

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job
 
-from assets.flows import bronze_assets, source_specs
+from assets.flows import flow_assets, source_specs
 from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource, pyspark_resource
+from assets.sensors import dead_run_worker_sensor
+from pipelines.locations import check_distinct_tables
 from pipelines.settings import load_settings
 from pipelines.spec import load_specs
 
@@ -14,6 +16,7 @@ from pipelines.spec import load_specs
 def build_definitions() -> Definitions:
     settings = load_settings()
     specs = load_specs(settings.flows_dir)
+    check_distinct_tables(specs, settings)
     sources = {s.key: s for spec in specs for s in source_specs(spec)}
     incremental = [bronze_key(s) for s in specs if s.trigger.mode == "available_now"]
     jobs = [
@@ -30,7 +33,7 @@ def build_definitions() -> Definitions:
         description="Catch up every available_now flow, then end.",
     )
     return Definitions(
-        assets=[*sources.values(), bronze_assets(specs, settings)],
+        assets=[*sources.values(), *(flow_assets(spec, settings) for spec in specs)],
         jobs=[*jobs, ingest_job],
         schedules=[
             ScheduleDefinition(
@@ -39,6 +42,7 @@ def build_definitions() -> Definitions:
                 cron_schedule="*/15 * * * *",
             )
         ],
+        sensors=[dead_run_worker_sensor(specs, settings)],
         resources={"spark_submit": SparkSubmitResource(), "pyspark": pyspark_resource()},
     )
 

@@ -1,8 +1,10 @@
 """Flow specs become assets: each source is an external asset upstream of its bronze table.
 
-All bronze tables live in one subsettable multi-asset, so materializing several of them in one run
-launches ONE Spark application that runs those flows side by side (many tables do not need many
-applications); materializing one table runs just its flow.
+Each flow is one multi-asset (its tables; the stages after bronze join it), run as ONE Spark
+application, in its own concurrency pool ``conflux/flow/<name>`` (limit 1, checked per run: see
+``platform/dagster/dagster.yaml``), so Dagster queues a second run of a flow before any process
+starts. The flow's lease (:mod:`pipelines.lease`) is the guard that holds everywhere else: a
+launch from the CLI, another Dagster instance, an in-process ``materialize``.
 """
 
 from collections.abc import Iterator
@@ -77,21 +79,25 @@ def bronze_spec(spec: FlowSpec, settings: Settings) -> AssetSpec:
     )
 
 
-def bronze_assets(specs: list[FlowSpec], settings: Settings) -> AssetsDefinition:
-    """One subsettable multi-asset over every flow's bronze table."""
-    by_key = {bronze_key(spec): spec for spec in specs}
+def flow_pool(spec: FlowSpec) -> str:
+    """The Dagster concurrency pool of a flow's runs (one slot: one run at a time)."""
+    return f"conflux/flow/{spec.name}"
+
+
+def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
+    """The multi-asset of one flow: launching it runs the flow's Spark application."""
 
     @multi_asset(
-        name="bronze_flows",
-        specs=[bronze_spec(spec, settings) for spec in specs],
-        can_subset=True,
+        name=f"flow_{spec.name}",
+        specs=[bronze_spec(spec, settings)],
+        pool=flow_pool(spec),
+        description=f"Flow {spec.name} ({spec.spec_file}).",
     )
-    def _bronze_flows(
+    def _flow(
         context: AssetExecutionContext, config: FlowRunConfig, spark_submit: SparkSubmitResource
     ) -> Iterator[PipesExecutionResult]:
         if config.trigger is not None and config.trigger not in TRIGGER_MODES:
             raise Failure(f"trigger: {config.trigger!r} is not one of {', '.join(TRIGGER_MODES)}")
-        selected = [by_key[key] for key in sorted(context.selected_asset_keys, key=str)]
-        yield from run_flows(context, selected, spark_submit, config.trigger)
+        yield from run_flows(context, [spec], spark_submit, config.trigger)
 
-    return _bronze_flows
+    return _flow

@@ -5,27 +5,25 @@
   each committed micro-batch as a custom message; this side turns them into throttled
   ``AssetMaterialization`` events while the run goes on, plus a heartbeat in the run's logs.
 
-Stopping: when the Dagster run is terminated, the launcher creates the runner's stop file, waits
-for the in-flight batch to commit and the application to exit, and only then, past
-``graceful_stop_seconds``, terminates the process group.
+Launching, leases and stopping are :class:`pipelines.launcher.FlowApplication`'s: the flows'
+leases are taken before anything starts and renewed by this run worker; when the Dagster run is
+terminated, the runner's stop file is created, the in-flight batch commits and the application
+exits; only past ``graceful_stop_seconds`` is the process group terminated.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
+    DagsterInstance,
     Failure,
     MetadataValue,
     PipesEnvContextInjector,
@@ -36,6 +34,9 @@ from dagster import (
 
 from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource
+from pipelines.launcher import FlowApplication, owner_process_gone
+from pipelines.lease import LeaseHeldError, LeaseTerm
+from pipelines.settings import load_settings
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
 
@@ -53,7 +54,7 @@ class ProgressRelay:
     last_event: float = field(default_factory=time.monotonic)
 
     def add(self, message: dict[str, Any]) -> None:
-        self.pending_rows += int(message["input_rows"])
+        self.pending_rows += int(message["rows_added"])
         self.pending_batches += 1
         self.latest = message
 
@@ -71,6 +72,7 @@ class ProgressRelay:
         metadata: dict[str, Any] = {
             "rows_written": MetadataValue.int(self.pending_rows),
             "batches": MetadataValue.int(self.pending_batches),
+            "replayed": MetadataValue.bool(bool(latest.get("replayed"))),
             "last_batch_id": MetadataValue.int(int(latest["batch_id"])),
             "rows_per_second": MetadataValue.float(float(latest["processed_rows_per_second"])),
             "end_offsets": MetadataValue.json(latest.get("end_offsets") or {}),
@@ -121,17 +123,23 @@ def loggable(command: list[str]) -> list[str]:
     return shown
 
 
-def stop_gracefully(process: subprocess.Popen[bytes], stop_file: Path, timeout: float) -> None:
-    """Ask the runner to stop via its stop file; escalate to SIGTERM, then SIGKILL, if it hangs."""
-    stop_file.touch()
-    for sig, wait in ((None, timeout), (signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        if sig is not None:
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def owner_gone(instance: DagsterInstance) -> Callable[[LeaseTerm], bool]:
+    """A lease owner is gone if its process died here, or if it was a Dagster run that ended.
+
+    Used when taking the lease: a retry or relaunch after a dead run worker waits (at most one
+    lease period) for the dead owner's lease to expire, while its orphaned application stops.
+    """
+
+    def gone(term: LeaseTerm) -> bool:
+        if owner_process_gone(term):
+            return True
+        run_id = term.details.get("dagster_run_id")
+        if not run_id:
+            return False
+        run = instance.get_run_by_id(run_id)
+        return run is None or run.is_finished
+
+    return gone
 
 
 def run_flows(
@@ -143,7 +151,8 @@ def run_flows(
     """Run ``specs`` in one Spark application under Pipes; yield the results it reported.
 
     ``trigger`` overrides the specs' trigger modes; a run with any continuous flow is followed
-    live (throttled materializations per committed batch) until it is stopped.
+    live (throttled materializations per committed batch) until it is stopped. The flows' leases
+    are taken before anything starts: a flow that is already running fails this run at once.
     """
     keys = {spec.name: bronze_key(spec) for spec in specs}
     continuous = any((trigger or spec.trigger.mode) == "continuous" for spec in specs)
@@ -153,32 +162,47 @@ def run_flows(
         for name, key in keys.items()
     }
     monitor = RunMonitor(context, relays if continuous else {}, spark_submit.heartbeat_seconds)
-    with tempfile.TemporaryDirectory(prefix="conflux-run-") as scratch:
-        stop_file = Path(scratch) / "stop"
-        command = spark_submit.command([Path(s.spec_file) for s in specs], trigger, stop_file)
-        context.log.info(f"launching: {' '.join(loggable(command))}")
-        with open_pipes_session(
-            context=context,
-            context_injector=PipesEnvContextInjector(),
-            message_reader=PipesTempFileMessageReader(),
-            extras=extras,
-        ) as session:
-            env = {**os.environ, **spark_submit.environment(), **session.get_bootstrap_env_vars()}
-            process = subprocess.Popen(command, env=env, start_new_session=True)
+    with open_pipes_session(
+        context=context,
+        context_injector=PipesEnvContextInjector(),
+        message_reader=PipesTempFileMessageReader(),
+        extras=extras,
+    ) as session:
+        application = FlowApplication(
+            specs,
+            load_settings(),
+            spark_submit.launcher(),
+            trigger,
+            owner_kind="dagster",
+            details={"dagster_run_id": context.run_id},
+            env=session.get_bootstrap_env_vars(),
+            wait_for_expiry_of=owner_gone(context.instance),
+            on_lease_lost=context.log.error,
+            graceful_stop_seconds=spark_submit.graceful_stop_seconds,
+        )
+        with ExitStack() as running:
             try:
-                while process.poll() is None:
+                running.enter_context(application)  # stopped and its leases freed on exit
+            except LeaseHeldError as exc:
+                raise Failure(description=str(exc)) from exc
+            context.log.info(
+                f"launching (lease owner {application.owner}): "
+                f"{' '.join(loggable(application.command()))}"
+            )
+            try:
+                while application.poll() is None:
                     monitor.poll(session.get_custom_messages())
                     time.sleep(1.0)
             except BaseException:
                 context.log.info("run terminated: stopping the streams after their in-flight batch")
-                stop_gracefully(process, stop_file, spark_submit.graceful_stop_seconds)
                 raise
-            monitor.poll(session.get_custom_messages(), final=True)
-            if process.returncode != 0:
-                raise Failure(
-                    description=(
-                        f"flows {', '.join(keys)}: the Spark application exited with code "
-                        f"{process.returncode}: {' | '.join(monitor.errors) or 'see stderr in the logs'}"
-                    )
+        returncode = application.wait()
+        monitor.poll(session.get_custom_messages(), final=True)
+        if returncode != 0:
+            raise Failure(
+                description=(
+                    f"flows {', '.join(keys)}: the Spark application exited with code "
+                    f"{returncode}: {' | '.join(monitor.errors) or 'see stderr in the logs'}"
                 )
-        yield from session.get_results(implicit_materializations=False)
+            )
+    yield from session.get_results(implicit_materializations=False)

@@ -1,8 +1,11 @@
 """Per-micro-batch progress of running flows, taken from Spark's StreamingQueryListener.
 
 For every committed micro-batch a :class:`BatchProgress` records input rows, rates, the batch
-duration, the source's offsets against the latest available ones (lag) and the Delta table version
-the batch wrote. :class:`ProgressTracker` also keeps per-flow totals for the run's summary.
+duration, the source's offsets against the latest available ones (lag, in total and per
+partition), and what the batch's Delta commit really did: the version it wrote and the rows that
+commit added, or that the batch was a replay Delta skipped (reported by the bronze stage through
+:meth:`ProgressTracker.record_commit`). :class:`ProgressTracker` also keeps per-flow totals for
+the run's summary; ``rows_written`` counts rows Delta added, never replayed input.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ class BatchProgress:
     flow: str
     batch_id: int
     input_rows: int
+    rows_added: int
+    replayed: bool
     input_rows_per_second: float
     processed_rows_per_second: float
     batch_duration_ms: int
     end_offsets: Any
     latest_offsets: Any
     lag: int | None
+    partition_lag: dict[str, int] | None
     delta_version: int | None
     timestamp: str
 
@@ -43,6 +49,7 @@ class FlowTotals:
     table_path: str
     rows_written: int = 0
     batches: int = 0
+    replayed_batches: int = 0
     last_batch_id: int = -1
     delta_version: int | None = None
     end_offsets: Any = None
@@ -55,11 +62,23 @@ class FlowTotals:
             "table_path": self.table_path,
             "rows_written": self.rows_written,
             "batches": self.batches,
+            "replayed_batches": self.replayed_batches,
             "delta_version": self.delta_version,
             "end_offsets": self.end_offsets,
             "lag": self.lag,
             "duration_seconds": round(time.monotonic() - self.started, 3),
         }
+
+
+@dataclass(frozen=True)
+class BatchCommit:
+    """What one micro-batch's Delta write really did (reported by the stage that wrote it)."""
+
+    flow: str
+    batch_id: int
+    table_version: int | None
+    rows_added: int
+    replayed: bool
 
 
 class ProgressSink(Protocol):
@@ -75,17 +94,24 @@ def _parse_offsets(raw: str | None) -> Any:
         return raw
 
 
-def kafka_lag(end: Any, latest: Any) -> int | None:
-    """Records between the batch's end offsets and the latest available, over all partitions."""
+def partition_lag(end: Any, latest: Any) -> dict[str, int] | None:
+    """Records between the batch's end offsets and the latest available, per ``topic-partition``."""
     if not isinstance(end, dict) or not isinstance(latest, dict):
         return None
-    lag = 0
+    lags: dict[str, int] = {}
     for topic, partitions in latest.items():
         if not isinstance(partitions, dict):
             return None
         for partition, offset in partitions.items():
-            lag += max(0, int(offset) - int(end.get(topic, {}).get(partition, 0)))
-    return lag
+            done = int(end.get(topic, {}).get(partition, 0))
+            lags[f"{topic}-{partition}"] = max(0, int(offset) - done)
+    return lags
+
+
+def kafka_lag(end: Any, latest: Any) -> int | None:
+    """Records between the batch's end offsets and the latest available, over all partitions."""
+    lags = partition_lag(end, latest)
+    return None if lags is None else sum(lags.values())
 
 
 def delta_version(spark: SparkSession, table_path: str) -> int | None:
@@ -107,15 +133,22 @@ def delta_version(spark: SparkSession, table_path: str) -> int | None:
 
 
 class ProgressTracker(StreamingQueryListener):
-    """Turns Spark's progress events into :class:`BatchProgress` for ``sink``, keeping totals."""
+    """Turns Spark's progress events into :class:`BatchProgress` for ``sink``, keeping totals.
 
-    def __init__(
-        self, spark: SparkSession, table_paths: dict[str, str], sink: ProgressSink
-    ) -> None:
-        self._spark = spark
+    A batch's stage calls :meth:`record_commit` from ``foreachBatch``, before Spark writes the
+    batch's commit-log entry; Spark posts the progress event after that entry, so the commit is
+    known by the time :meth:`onQueryProgress` handles the batch.
+    """
+
+    def __init__(self, table_paths: dict[str, str], sink: ProgressSink) -> None:
         self._sink = sink
         self._lock = threading.Lock()
+        self._commits: dict[tuple[str, int], BatchCommit] = {}
         self.totals = {flow: FlowTotals(flow, path) for flow, path in table_paths.items()}
+
+    def record_commit(self, commit: BatchCommit) -> None:
+        with self._lock:
+            self._commits[(commit.flow, commit.batch_id)] = commit
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
         pass
@@ -131,19 +164,23 @@ class ProgressTracker(StreamingQueryListener):
         totals = self.totals.get(progress.name)
         if totals is None:
             return
-        batch = self._batch_progress(progress, totals.table_path)
         with self._lock:
+            commit = self._commits.pop((progress.name, int(progress.batchId)), None)
+            batch = self._batch_progress(progress, commit)
             totals.last_batch_id = max(totals.last_batch_id, batch.batch_id)
             totals.lag = batch.lag
-            if batch.input_rows == 0:  # an idle trigger: nothing was written
+            if commit is None:  # an idle trigger: no batch ran, nothing was written
                 return
-            totals.rows_written += batch.input_rows
+            totals.rows_written += batch.rows_added
             totals.batches += 1
-            totals.delta_version = batch.delta_version
+            totals.replayed_batches += int(batch.replayed)
+            if batch.delta_version is not None:
+                totals.delta_version = batch.delta_version
             totals.end_offsets = batch.end_offsets
         self._sink.batch(batch)
 
-    def _batch_progress(self, progress: Any, table_path: str) -> BatchProgress:
+    @staticmethod
+    def _batch_progress(progress: Any, commit: BatchCommit | None) -> BatchProgress:
         sources = progress.sources or []
         end = _parse_offsets(sources[0].endOffset) if sources else None
         latest = _parse_offsets(sources[0].latestOffset) if sources else None
@@ -151,13 +188,16 @@ class ProgressTracker(StreamingQueryListener):
             flow=progress.name,
             batch_id=int(progress.batchId),
             input_rows=int(progress.numInputRows),
+            rows_added=commit.rows_added if commit else 0,
+            replayed=commit.replayed if commit else False,
             input_rows_per_second=round(float(progress.inputRowsPerSecond or 0.0), 1),
             processed_rows_per_second=round(float(progress.processedRowsPerSecond or 0.0), 1),
             batch_duration_ms=int(progress.batchDuration),
             end_offsets=end,
             latest_offsets=latest,
             lag=kafka_lag(end, latest),
-            delta_version=delta_version(self._spark, table_path) if progress.numInputRows else None,
+            partition_lag=partition_lag(end, latest),
+            delta_version=commit.table_version if commit else None,
             timestamp=str(progress.timestamp),
         )
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Mapping
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from pipelines.progress import BatchProgress
@@ -24,11 +27,32 @@ def _line(prefix: str, payload: dict[str, Any]) -> str:
     return prefix + json.dumps(payload, default=str, sort_keys=True)
 
 
+def write_json_atomically(path: Path, payload: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``payload`` so that a reader never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle, default=str, sort_keys=True)
+    os.replace(scratch, path)
+
+
 class Reporter:
-    """Reports batches, logs and final per-flow summaries to every configured channel."""
+    """Reports batches, logs and final per-flow summaries to every configured channel.
+
+    Channels: JSON lines on stdout, Dagster Pipes when launched by it, and each flow's status file
+    (:attr:`FlowLocations.status_file`, read by ``conflux status``) once :meth:`track_status`
+    named them.
+    """
 
     def __init__(self, pipes: Any | None = None) -> None:
         self._pipes = pipes
+        self._status_files: dict[str, Path] = {}
+        self._status_extra: dict[str, Any] = {}
+
+    def track_status(self, status_files: Mapping[str, Path], **extra: Any) -> None:
+        """Also write each flow's last batch to its status file, with ``extra`` (the owner...)."""
+        self._status_files = dict(status_files)
+        self._status_extra = extra
 
     @property
     def under_pipes(self) -> bool:
@@ -37,8 +61,16 @@ class Reporter:
     def batch(self, progress: BatchProgress) -> None:
         payload = {"type": "batch", **progress.to_dict()}
         print(_line(PROGRESS_PREFIX, payload), flush=True)
+        if progress.replayed:
+            self.info(
+                f"flow {progress.flow}: batch {progress.batch_id} was a replay of a batch Delta "
+                "had already committed; Delta skipped it (nothing written twice)"
+            )
         if self._pipes is not None:
             self._pipes.report_custom_message(payload)
+        status_file = self._status_files.get(progress.flow)
+        if status_file is not None:
+            write_json_atomically(status_file, {**self._status_extra, "last_batch": payload})
 
     def info(self, message: str) -> None:
         print(f"conflux: {message}", file=sys.stderr, flush=True)
@@ -70,6 +102,7 @@ def materialization_metadata(summary: dict[str, Any]) -> dict[str, Any]:
         "rows_written": {"raw_value": summary["rows_written"], "type": "int"},
         "dagster/row_count_delta": {"raw_value": summary["rows_written"], "type": "int"},
         "batches": {"raw_value": summary["batches"], "type": "int"},
+        "replayed_batches": {"raw_value": summary["replayed_batches"], "type": "int"},
         "duration_seconds": {"raw_value": summary["duration_seconds"], "type": "float"},
         "table_path": {"raw_value": summary["table_path"], "type": "path"},
         "end_offsets": {"raw_value": summary["end_offsets"] or {}, "type": "json"},

@@ -1,14 +1,22 @@
 """The stream runner: one Spark application running one or several flows into bronze.
 
 Run it with ``spark-submit pipelines/runner.py --spec flows/orders.yaml [--spec ...]`` (what the
-Dagster launcher does) or ``python -m pipelines.runner ...`` for an embedded run.
+launchers do: :mod:`pipelines.launcher`, used by Dagster and ``conflux run``) or
+``python -m pipelines.runner ...`` for an embedded run.
 
+* One writer per flow: with ``--lease-owner`` the launcher holds each flow's lease and renews it;
+  the runner checks, before starting Spark, that the leases are that owner's, and exits 3
+  otherwise. Without it the runner takes the leases itself (it is its own launcher) and exits 3,
+  before Spark starts, if another owner holds one. While running, it checks the lease before
+  every micro-batch and every half second, and stops at once when it lost it (exit 3).
 * ``available_now`` flows run until they have caught up with their source, then the runner exits 0.
-* ``continuous`` flows run until stopped: SIGTERM / SIGINT, or the stop file (``--stop-file``)
-  appearing, which also works where signals do not reach the driver (a cluster). The runner then
-  waits for each query's in-flight micro-batch to commit, stops the queries and exits 0.
+* ``continuous`` flows run until stopped: SIGTERM / SIGINT, the ``--stop-file`` appearing, or the
+  flow's stop channel (``conflux stop``, :meth:`FlowLocations.stop_file`), which also works where
+  signals do not reach the driver (a cluster). The runner then waits for each query's in-flight
+  micro-batch to commit, stops the queries and exits 0.
 * If any query fails, the runner stops the others and exits 1, so a failed Spark job never looks
   like a success; the Spark error is printed to stderr (and to Dagster's logs under Pipes).
+* A misconfiguration (a bad spec, a flow whose checkpoint and table disagree) exits 2.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import signal
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -26,24 +35,34 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.errors import ConfigError
-from pipelines.locations import FlowLocations
+from pipelines.lease import (
+    FileLeaseStore,
+    FlowLease,
+    LeaseGuard,
+    LeaseHeldError,
+    LeaseLostError,
+    held_leases,
+    new_owner_id,
+    owner_details,
+)
+from pipelines.locations import FlowLocations, check_distinct_tables
 from pipelines.progress import ProgressTracker
 from pipelines.reporting import Reporter, open_reporter
 from pipelines.settings import Settings, load_settings
-from pipelines.sinks.bronze import start_bronze_query
+from pipelines.sinks.bronze import BronzeStage
 from pipelines.spark import get_spark_session
 from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
 POLL_SECONDS = 0.5
 
 
 class StopRequest:
-    """Set by SIGTERM / SIGINT or by the stop file appearing."""
+    """Set by SIGTERM / SIGINT, by :meth:`request`, or by one of the stop files appearing."""
 
-    def __init__(self, stop_file: Path | None) -> None:
+    def __init__(self, stop_file: Path | None, *more_stop_files: Path) -> None:
         self._event = threading.Event()
-        self._stop_file = stop_file
+        self._stop_files = [f for f in (stop_file, *more_stop_files) if f is not None]
         self.reason = ""
 
     def install_signal_handlers(self) -> None:
@@ -51,14 +70,22 @@ class StopRequest:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self.reason = signal.Signals(signum).name
+        self.request(signal.Signals(signum).name)
+
+    def watch(self, stop_file: Path) -> None:
+        self._stop_files.append(stop_file)
+
+    def request(self, reason: str) -> None:
+        self.reason = self.reason or reason
         self._event.set()
 
     @property
     def requested(self) -> bool:
-        if not self._event.is_set() and self._stop_file is not None and self._stop_file.exists():
-            self.reason = f"stop file {self._stop_file}"
-            self._event.set()
+        if not self._event.is_set():
+            for stop_file in self._stop_files:
+                if stop_file.exists():
+                    self.request(f"stop file {stop_file}")
+                    break
         return self._event.is_set()
 
 
@@ -89,9 +116,28 @@ def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
     return None
 
 
-def supervise(queries: dict[str, StreamingQuery], stop: StopRequest, reporter: Reporter) -> int:
-    """Wait until the queries end, fail, or a stop is requested; return the exit code."""
+def lease_problem(guards: Sequence[LeaseGuard]) -> str | None:
+    for guard in guards:
+        try:
+            guard.check()
+        except LeaseLostError as exc:
+            return str(exc)
+    return None
+
+
+def supervise(
+    queries: dict[str, StreamingQuery],
+    stop: StopRequest,
+    reporter: Reporter,
+    guards: Sequence[LeaseGuard] = (),
+) -> int:
+    """Wait until the queries end, fail, lose a lease, or a stop is requested; return the exit code.
+
+    "All ended" is read before the failures: a query that ends is inactive with its exception
+    already set, so a failure between the two reads cannot pass for a clean end.
+    """
     while True:
+        all_ended = all(not q.isActive for q in queries.values())
         failure = first_failure(queries)
         if failure is not None:
             name, error = failure
@@ -99,15 +145,39 @@ def supervise(queries: dict[str, StreamingQuery], stop: StopRequest, reporter: R
             for query in queries.values():
                 if query.isActive:
                     stop_after_inflight_batch(query)
-            return EXIT_FAILED
-        if all(not q.isActive for q in queries.values()):
+            return EXIT_LEASE if LeaseLostError.__name__ in error else EXIT_FAILED
+        if all_ended:
             return EXIT_OK
+        lost = lease_problem(guards)
+        if lost is not None:
+            reporter.error(f"stopping now, the in-flight batches uncommitted: {lost}")
+            for query in queries.values():
+                query.stop()  # no waiting: the lease may pass to a new owner soon
+            return EXIT_LEASE
         if stop.requested:
             reporter.info(f"stopping gracefully ({stop.reason}) after the in-flight batches commit")
             for query in queries.values():
                 stop_after_inflight_batch(query)
             return EXIT_OK
         time.sleep(POLL_SECONDS)
+
+
+@contextmanager
+def own_leases(specs: list[FlowSpec], settings: Settings) -> Iterator[str]:
+    """Take every flow's lease for this process (it is its own launcher); yield the owner id."""
+    owner = new_owner_id("runner")
+    leases = [
+        FlowLease(
+            spec.name,
+            FileLeaseStore(FlowLocations.of(spec, settings).lease_dir),
+            owner,
+            owner_details(launcher="pipelines.runner"),
+            settings.lease_seconds,
+        )
+        for spec in specs
+    ]
+    with held_leases(leases):
+        yield owner
 
 
 def run_flows(
@@ -117,16 +187,57 @@ def run_flows(
     stop: StopRequest,
     trigger_mode: str | None = None,
     spark: SparkSession | None = None,
+    lease_owner: str | None = None,
 ) -> int:
-    """Run ``specs`` in one Spark application and report their progress; return the exit code."""
+    """Run ``specs`` in one Spark application and report their progress; return the exit code.
+
+    ``lease_owner``: the launcher that holds (and renews) the flows' leases; None takes them here.
+
+    Raises:
+        LeaseHeldError / LeaseLostError: the leases are not this run's (before Spark starts).
+        ConfigError: a spec or a flow's identity is invalid.
+    """
+    check_distinct_tables(specs, settings)
+    if lease_owner is None:
+        with own_leases(specs, settings) as owner:
+            return _run_owned(specs, settings, reporter, stop, trigger_mode, spark, owner)
+    return _run_owned(specs, settings, reporter, stop, trigger_mode, spark, lease_owner)
+
+
+def _run_owned(
+    specs: list[FlowSpec],
+    settings: Settings,
+    reporter: Reporter,
+    stop: StopRequest,
+    trigger_mode: str | None,
+    spark: SparkSession | None,
+    owner: str,
+) -> int:
+    locations = {s.name: FlowLocations.of(s, settings) for s in specs}
+    guards = {
+        name: LeaseGuard(name, FileLeaseStore(loc.lease_dir), owner)
+        for name, loc in locations.items()
+    }
+    for guard in guards.values():
+        guard.check()  # before Spark starts
+    for loc in locations.values():
+        stop.watch(loc.stop_file(owner))
+    reporter.track_status({n: loc.status_file for n, loc in locations.items()}, owner=owner)
     spark = spark or get_spark_session("conflux-" + "-".join(s.name for s in specs), settings)
-    table_paths = {s.name: str(FlowLocations.of(s, settings).table) for s in specs}
-    tracker = ProgressTracker(spark, table_paths, reporter)
+    tracker = ProgressTracker({n: str(loc.table) for n, loc in locations.items()}, reporter)
     spark.streams.addListener(tracker)
+    queries: dict[str, StreamingQuery] = {}
     try:
-        queries = {s.name: start_bronze_query(spark, s, settings, trigger_mode) for s in specs}
-        reporter.info(f"started flows {', '.join(queries)}")
-        code = supervise(queries, stop, reporter)
+        try:
+            for spec in specs:
+                stage = BronzeStage(spec, settings, guards[spec.name], tracker.record_commit)
+                queries[spec.name] = stage.start(spark, trigger_mode)
+        except BaseException:
+            for query in queries.values():
+                query.stop()
+            raise
+        reporter.info(f"started flows {', '.join(queries)} (lease owner {owner})")
+        code = supervise(queries, stop, reporter, list(guards.values()))
         for name, query in queries.items():
             if query.lastProgress is not None:
                 tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
@@ -142,6 +253,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spec", action="append", required=True, type=Path, help="flow spec YAML")
     parser.add_argument("--trigger", choices=TRIGGER_MODES, help="override the specs' trigger mode")
     parser.add_argument("--stop-file", type=Path, help="stop gracefully when this file appears")
+    parser.add_argument(
+        "--lease-owner",
+        help="the launcher holding the flows' leases (default: this process takes them)",
+    )
     return parser.parse_args(argv)
 
 
@@ -153,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         reporter = open_reporter(stack)
         try:
             specs = [load_spec(p) for p in args.spec]
-            code = run_flows(specs, load_settings(), reporter, stop, args.trigger)
+            code = run_flows(
+                specs, load_settings(), reporter, stop, args.trigger, lease_owner=args.lease_owner
+            )
+        except (LeaseHeldError, LeaseLostError) as exc:
+            reporter.error(str(exc))
+            raise SystemExit(EXIT_LEASE) from exc
         except ConfigError as exc:
             reporter.error(str(exc))
             raise SystemExit(EXIT_CONFIG) from exc

@@ -33,6 +33,7 @@ ENV_FIELDS: Mapping[str, str] = {
     "CONFLUX_SPARK_CONF": "spark_conf",
     "CONFLUX_KAFKA_BOOTSTRAP_SERVERS": "kafka_bootstrap_servers",
     "CONFLUX_FLOWS_DIR": "flows_dir",
+    "CONFLUX_LEASE_SECONDS": "lease_seconds",
 }
 #: Variables that are read elsewhere (not settings fields) and therefore not unknown.
 ENV_OTHER = frozenset({"CONFLUX_CONFIG"})
@@ -49,6 +50,8 @@ class Settings:
         spark_conf: extra Spark settings; they override Conflux's defaults key by key.
         kafka_bootstrap_servers: bootstrap servers; ``None`` means the local broker's address.
         flows_dir: folder of flow spec YAML files.
+        lease_seconds: how long a flow's ownership lease lasts without renewal; an orphaned
+            Spark application stops within this time (see :mod:`pipelines.lease`).
     """
 
     runtime_dir: Path
@@ -57,6 +60,7 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     kafka_bootstrap_servers: str | None = None
     flows_dir: Path = PROJECT_ROOT / "flows"
+    lease_seconds: float = 30.0
 
     @property
     def spark_jars_dir(self) -> Path:
@@ -123,6 +127,7 @@ def settings_environment(
         CONFLUX_FLOWS_DIR=str(settings.flows_dir),
         CONFLUX_SPARK_MASTER=settings.spark_master,
         CONFLUX_SPARK_CONF=json.dumps(dict(settings.spark_conf)),
+        CONFLUX_LEASE_SECONDS=str(settings.lease_seconds),
     )
     if settings.kafka_bootstrap_servers:
         env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
@@ -172,6 +177,8 @@ def _apply(settings: Settings, values: Mapping[str, Any], source: str) -> Settin
             changes[key] = Path(str(value)).expanduser().resolve()
         elif key == "spark_conf":
             changes[key] = {**settings.spark_conf, **_parse_spark_conf(value, source)}
+        elif key == "lease_seconds":
+            changes[key] = _parse_lease_seconds(value, source)
         else:
             changes[key] = str(value)
     if (
@@ -198,3 +205,15 @@ def _parse_spark_conf(value: Any, source: str) -> dict[str, str]:
     if bad:
         raise ConfigError(f"{source}: spark_conf keys must start with 'spark.': {bad}")
     return {str(k): str(v) for k, v in value.items()}
+
+
+def _parse_lease_seconds(value: Any, source: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if seconds < 3:
+        raise ConfigError(
+            f"{source}: lease_seconds must be a number of seconds >= 3 (default 30), not {value!r}"
+        )
+    return seconds

@@ -1,65 +1,146 @@
-"""Bronze sink: append a flow's source records to its Delta table, exactly once.
+"""Bronze stage: append a flow's source records to its Delta table, exactly once.
 
 Exactly-once comes from three real mechanisms together: the source is replayable (Kafka offsets,
-or the file source's log of seen files), Structured Streaming writes the planned offsets of a
-batch to the checkpoint's offset log before running it, and the Delta sink records each committed
-(query id, batch id) in the table's transaction log and skips a batch it already committed when a
-restarted query replays it. The checkpoint location is derived from the flow
-(:class:`~pipelines.locations.FlowLocations`), so it is the same on every restart.
+or the file source's log of seen files); Structured Streaming writes the planned offsets of a
+batch to the checkpoint's offset log before running it, and its commit-log entry only after the
+batch's write returned; and every write carries Delta's transaction id, ``txnAppId`` (the flow's
+id and checkpoint generation, :attr:`FlowIdentity.txn_app_id`) with ``txnVersion`` = the batch id.
+Delta records the pair in the same commit as the rows and skips a write whose version it already
+holds for that app id. A process killed after the Delta commit but before the commit-log entry
+replays the batch on restart, with the same offsets and the same batch id, and Delta skips it.
+
+Each batch first checks that this application still holds the flow's lease
+(:class:`~pipelines.lease.LeaseGuard`), so a writer that lost its lease never commits again.
+After the write, the batch's :class:`BatchCommit` says what Delta actually did: the version it
+committed and the rows that commit added (its ``numOutputRows`` metric), or that the batch was a
+replay Delta skipped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.identity import FlowIdentity, resolve_identity, write_identity
+from pipelines.lease import LeaseGuard
 from pipelines.locations import FlowLocations
+from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
-from pipelines.sources.kafka import read_kafka_stream
-from pipelines.spec import FileSource, FlowSpec
-
-
-def source_stream(spark: SparkSession, spec: FlowSpec, settings: Settings) -> DataFrame:
-    """The flow's source as a streaming DataFrame in bronze shape, before ingestion columns."""
-    if isinstance(spec.source, FileSource):
-        from pipelines.sources.files import read_files_stream
-
-        schema_file = FlowLocations.of(spec, settings).schema_file
-        return read_files_stream(spark, spec.source, settings, schema_file)
-    return read_kafka_stream(spark, spec.source, settings)
+from pipelines.sources import SourceReader, source_reader
+from pipelines.spec import FlowSpec
 
 
 def with_ingestion_columns(frame: DataFrame) -> DataFrame:
-    """Add ``ingested_at`` (the micro-batch's timestamp, stable on replay) and ``ingest_date``."""
+    """Add ``ingested_at`` (when the batch was written) and ``ingest_date``."""
     return frame.withColumn("ingested_at", F.current_timestamp()).withColumn(
         "ingest_date", F.to_date("ingested_at")
     )
 
 
-def bronze_writer(
-    spark: SparkSession, spec: FlowSpec, settings: Settings, trigger_mode: str | None = None
-) -> DataStreamWriter:
-    """The configured (not yet started) writer of the flow's bronze stream."""
-    locations = FlowLocations.of(spec, settings)
-    frame = with_ingestion_columns(source_stream(spark, spec, settings))
-    writer = (
-        frame.writeStream.format("delta")
-        .outputMode("append")
-        .queryName(spec.name)
-        .option("checkpointLocation", str(locations.checkpoint))
-    )
-    if spec.target.partition_by:
-        writer = writer.partitionBy(*spec.target.partition_by)
-    if (trigger_mode or spec.trigger.mode) == "available_now":
-        return writer.trigger(availableNow=True)
-    return writer.trigger(processingTime=spec.trigger.interval)
+def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:
+    """The Delta table's properties, or None if there is no Delta table at ``path``."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    row = DeltaTable.forPath(spark, path).detail().select("properties").first()
+    return dict(row["properties"] or {}) if row is not None else {}
 
 
-def start_bronze_query(
-    spark: SparkSession, spec: FlowSpec, settings: Settings, trigger_mode: str | None = None
-) -> StreamingQuery:
-    """Start the flow's bronze query; ``trigger_mode`` overrides the spec's trigger mode."""
-    locations = FlowLocations.of(spec, settings)
-    locations.checkpoint.mkdir(parents=True, exist_ok=True)
-    return bronze_writer(spark, spec, settings, trigger_mode).start(str(locations.table))
+def commit_rows_added(spark: SparkSession, path: str, version: int) -> int:
+    """``numOutputRows`` of the commit that created ``version`` (read from the Delta log)."""
+    history: Any = DeltaTable.forPath(spark, path).history(1).first()
+    if history is None or int(history["version"]) != version:
+        return 0
+    return int((history["operationMetrics"] or {}).get("numOutputRows", 0))
+
+
+class BronzeStage:
+    """One flow's bronze stream: the source, written by ``foreachBatch`` with Delta txn ids."""
+
+    def __init__(
+        self,
+        spec: FlowSpec,
+        settings: Settings,
+        guard: LeaseGuard | None,
+        on_commit: Callable[[BatchCommit], None],
+        reader: SourceReader | None = None,
+    ) -> None:
+        self.spec = spec
+        self.locations = FlowLocations.of(spec, settings)
+        self.reader = reader or source_reader(spec, settings)
+        self.guard = guard
+        self.on_commit = on_commit
+        self.table_path = str(self.locations.table)
+        self.identity: FlowIdentity | None = None
+
+    def prepare(self, spark: SparkSession) -> DataFrame:
+        """Check the flow's identity, create or stamp the table; return the source stream.
+
+        Raises:
+            IdentityError: the checkpoint and the table disagree (see :mod:`pipelines.identity`).
+        """
+        identity, stamp = resolve_identity(
+            self.spec, self.locations, table_properties(spark, self.table_path)
+        )
+        stream = self.reader.stream(spark)
+        if stamp:
+            self._stamp_table(spark, identity, with_ingestion_columns(stream))
+        write_identity(self.locations, identity)
+        self.identity = identity
+        return stream
+
+    def _stamp_table(self, spark: SparkSession, identity: FlowIdentity, shape: DataFrame) -> None:
+        """Create the table with the identity properties, or set them on an existing table."""
+        properties = identity.table_properties()
+        if DeltaTable.isDeltaTable(spark, self.table_path):
+            assignments = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+            spark.sql(f"ALTER TABLE delta.`{self.table_path}` SET TBLPROPERTIES ({assignments})")
+            return
+        builder = DeltaTable.createIfNotExists(spark).location(self.table_path)
+        builder = builder.addColumns(shape.schema)
+        if self.spec.target.partition_by:
+            builder = builder.partitionedBy(*self.spec.target.partition_by)
+        for key, value in properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+
+    def start(self, spark: SparkSession, trigger_mode: str | None = None) -> StreamingQuery:
+        """Start the flow's query; ``trigger_mode`` overrides the spec's trigger mode."""
+        stream = self.prepare(spark)
+        self.locations.checkpoint.mkdir(parents=True, exist_ok=True)
+        writer = (
+            stream.writeStream.queryName(self.spec.name)
+            .option("checkpointLocation", str(self.locations.checkpoint))
+            .foreachBatch(self.write_batch)
+        )
+        if (trigger_mode or self.spec.trigger.mode) == "available_now":
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=self.spec.trigger.interval)
+        return writer.start()
+
+    def write_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """Write one micro-batch idempotently; runs in the driver for every batch."""
+        assert self.identity is not None, "prepare() runs before the query starts"
+        if self.guard is not None:
+            self.guard.check()  # LeaseLostError fails the query before anything is written
+        spark = batch.sparkSession
+        before = delta_version(spark, self.table_path)
+        frame = with_ingestion_columns(self.reader.prepare_batch(batch))
+        writer = (
+            frame.write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.identity.txn_app_id)
+            .option("txnVersion", str(batch_id))
+        )
+        if self.spec.target.partition_by:
+            writer = writer.partitionBy(*self.spec.target.partition_by)
+        writer.save(self.table_path)
+        after = delta_version(spark, self.table_path)
+        replayed = after == before
+        rows = 0 if replayed or after is None else commit_rows_added(spark, self.table_path, after)
+        self.on_commit(BatchCommit(self.spec.name, batch_id, after, rows, replayed))

@@ -84,7 +84,8 @@ class TestGracefulStop:
         history = DeltaTable.forPath(spark, table).history(1).collect()[0]
         assert history.version == progress[-1]["delta_version"]
         committed = spark.read.format("delta").load(table).count()
-        assert committed == sum(p["input_rows"] for p in progress) < total
+        assert committed == sum(p["rows_added"] for p in progress) < total
+        assert not any(p["replayed"] for p in progress)
 
         final = RunnerProcess(
             [spec_file], env, tmp_path / "final.log", "--trigger", "available_now"

@@ -71,8 +71,18 @@ def test_settings_environment_round_trips(tmp_path: Path) -> None:
             "CONFLUX_RUNTIME_DIR": str(tmp_path),
             "CONFLUX_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
             "CONFLUX_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
+            "CONFLUX_LEASE_SECONDS": "12.5",
         }
     )
+    assert settings.lease_seconds == 12.5
     env = settings_environment(settings, base={"PATH": "/bin", "CONFLUX_OLD": "x"})
     assert env["PATH"] == "/bin" and "CONFLUX_OLD" not in env
     assert load_settings(environ=env) == settings
+
+
+@pytest.mark.parametrize("value", ["abc", "1", "-5"])
+def test_a_lease_shorter_than_three_seconds_is_refused(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="lease_seconds must be a number of seconds >= 3"):
+        load_settings(
+            environ={"CONFLUX_RUNTIME_DIR": str(tmp_path), "CONFLUX_LEASE_SECONDS": value}
+        )

@@ -1,0 +1,266 @@
+"""``conflux``: validate, list, inspect, run, stop and reset flows from a terminal.
+
+Every command works on the flows folder of the settings (``CONFLUX_FLOWS_DIR``, default
+``flows/``) and talks to running flows only through their files: the lease (who runs it), the
+status file (its last committed batch) and the stop channel. So ``conflux stop`` stops a flow
+whoever launched it (Dagster, another terminal), after its in-flight batch commits.
+
+Exit codes: 0 ok, 1 the flow failed, 2 misconfiguration, 3 the flow is owned by another run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from pipelines.errors import ConfigError
+from pipelines.identity import read_identity, reset_flow
+from pipelines.launcher import FlowApplication
+from pipelines.lease import FileLeaseStore, LeaseHeldError, LeaseTerm
+from pipelines.locations import FlowLocations, check_distinct_tables
+from pipelines.reporting import PROGRESS_PREFIX
+from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
+from pipelines.settings import Settings, load_settings
+from pipelines.spec import FlowSpec, load_specs
+
+
+def _specs(settings: Settings) -> list[FlowSpec]:
+    specs = load_specs(settings.flows_dir)
+    check_distinct_tables(specs, settings)
+    return specs
+
+
+def _spec(settings: Settings, name: str) -> FlowSpec:
+    specs = {spec.name: spec for spec in _specs(settings)}
+    if name not in specs:
+        known = ", ".join(sorted(specs)) or "none"
+        raise ConfigError(f"no flow named {name!r} in {settings.flows_dir} (flows: {known})")
+    return specs[name]
+
+
+def _lease(spec: FlowSpec, settings: Settings) -> LeaseTerm | None:
+    return FileLeaseStore(FlowLocations.of(spec, settings).lease_dir).latest()
+
+
+def _status(spec: FlowSpec, settings: Settings) -> dict[str, Any]:
+    path = FlowLocations.of(spec, settings).status_file
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _state(term: LeaseTerm | None) -> str:
+    if term is None:
+        return "never run"
+    return f"running ({term.owner})" if term.live() else "stopped"
+
+
+def cmd_validate(settings: Settings, _args: argparse.Namespace) -> int:
+    specs = _specs(settings)
+    for spec in specs:
+        print(f"ok  {spec.name:24} {spec.spec_file}")
+    print(f"{len(specs)} flow(s) valid in {settings.flows_dir}")
+    return 0
+
+
+def cmd_flows(settings: Settings, _args: argparse.Namespace) -> int:
+    print(f"{'flow':24} {'trigger':14} {'state':32} {'last batch':>10} {'lag':>8}")
+    for spec in _specs(settings):
+        last = _status(spec, settings).get("last_batch", {})
+        lag = last.get("lag")
+        print(
+            f"{spec.name:24} {spec.trigger.mode:14} {_state(_lease(spec, settings)):32} "
+            f"{last.get('batch_id', '-')!s:>10} {'-' if lag is None else lag!s:>8}"
+        )
+    return 0
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    spec = _spec(settings, args.flow)
+    locations = FlowLocations.of(spec, settings)
+    term = _lease(spec, settings)
+    identity = read_identity(locations)
+    last = _status(spec, settings).get("last_batch", {})
+    report = {
+        "flow": spec.name,
+        "state": _state(term),
+        "lease": None if term is None else term.describe(),
+        "table": str(locations.table),
+        "checkpoint": str(locations.checkpoint),
+        "generation": None if identity is None else identity.generation,
+        "last_batch": last or None,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(f"flow        {spec.name} ({spec.spec_file})")
+    print(f"state       {report['state']}")
+    if term is not None:
+        print(f"lease       {term.describe()}")
+    print(f"table       {locations.table}  (checkpoint generation {report['generation']})")
+    if last:
+        print(
+            f"last batch  {last['batch_id']} at {last['timestamp']}: {last['rows_added']} rows "
+            f"added, {last['processed_rows_per_second']} rows/s, "
+            f"Delta version {last['delta_version']}"
+            + (" (replay skipped)" if last["replayed"] else "")
+        )
+        for partition, lag in sorted((last.get("partition_lag") or {}).items()):
+            print(f"  lag {partition:30} {lag}")
+    else:
+        print("last batch  none yet")
+    return 0
+
+
+class _ProgressBar:
+    """Rows written so far, from the runner's progress lines (tqdm on a terminal)."""
+
+    def __init__(self, flows: Sequence[str]) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            desc=", ".join(flows), unit=" rows", file=sys.stderr, disable=not sys.stderr.isatty()
+        )
+        self.rows = 0
+
+    def line(self, text: str) -> None:
+        if not text.startswith(PROGRESS_PREFIX):
+            return
+        batch = json.loads(text[len(PROGRESS_PREFIX) :])
+        self.rows += int(batch["rows_added"])
+        self._bar.update(int(batch["rows_added"]))
+        self._bar.set_postfix(batch=batch["batch_id"], lag=batch.get("lag"))
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    specs = [_spec(settings, name) for name in args.flows]
+    trigger = "continuous" if args.continuous else ("available_now" if args.once else None)
+    application = FlowApplication(
+        specs, settings, trigger=trigger, owner_kind="cli", stdout=subprocess.PIPE
+    )
+    interrupts = 0
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            print(
+                f"conflux: {signal.Signals(signum).name}: stopping after the in-flight batch "
+                "commits (again to terminate now)",
+                file=sys.stderr,
+                flush=True,
+            )
+            application.request_stop()
+        elif application.process is not None:
+            application.process.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    bar = _ProgressBar([s.name for s in specs])
+    try:
+        with application:
+            print(f"conflux: running {', '.join(args.flows)} as {application.owner}", flush=True)
+            assert application.process is not None and application.process.stdout is not None
+            for raw in application.process.stdout:
+                text = raw.decode(errors="replace")
+                bar.line(text)
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            code = application.wait()
+    except LeaseHeldError as exc:
+        print(f"conflux: {exc}", file=sys.stderr)
+        return EXIT_LEASE
+    finally:
+        bar.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"conflux: {', '.join(args.flows)} exited with code {code}; {bar.rows} rows written")
+    return code
+
+
+def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
+    spec = _spec(settings, args.flow)
+    locations = FlowLocations.of(spec, settings)
+    term = _lease(spec, settings)
+    if term is None or not term.live():
+        print(f"flow {spec.name} is not running")
+        return 0
+    stop_file = locations.stop_file(term.owner)
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.touch()
+    print(f"asked {term.owner} to stop flow {spec.name} after its in-flight batch commits")
+    if args.no_wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        current = _lease(spec, settings)
+        if current is None or current.owner != term.owner or not current.live():
+            print(f"flow {spec.name} stopped")
+            return 0
+        time.sleep(0.5)
+    print(f"flow {spec.name} still running after {args.timeout:.0f} s", file=sys.stderr)
+    return 1
+
+
+def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
+    spec = _spec(settings, args.flow)
+    identity = reset_flow(spec, FlowLocations.of(spec, settings))
+    print(
+        f"flow {spec.name}: new checkpoint generation {identity.generation} (the old one is in "
+        f"{FlowLocations.of(spec, settings).archive_dir}); the next run reads the source from its "
+        f"starting_offsets and takes over {identity.table_path} "
+        f"({datetime.now(UTC).isoformat(timespec='seconds')})"
+    )
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(prog="conflux", description=__doc__.split("\n")[0])
+    commands = main.add_subparsers(dest="command", required=True)
+    commands.add_parser("validate", help="validate every flow spec").set_defaults(func=cmd_validate)
+    commands.add_parser("flows", help="list the flows and their state").set_defaults(func=cmd_flows)
+    status = commands.add_parser("status", help="lease owner, last batch, lag per partition")
+    status.add_argument("flow")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+    run = commands.add_parser("run", help="run flows in one Spark application (Ctrl-C stops)")
+    run.add_argument("flows", nargs="+", metavar="FLOW")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--continuous", action="store_true", help="run until stopped")
+    mode.add_argument("--once", action="store_true", help="catch up, then exit (available_now)")
+    run.set_defaults(func=cmd_run)
+    stop = commands.add_parser("stop", help="stop a running flow after its in-flight batch")
+    stop.add_argument("flow")
+    stop.add_argument("--no-wait", action="store_true", help="do not wait for it to stop")
+    stop.add_argument("--timeout", type=float, default=180.0, help="seconds to wait (180)")
+    stop.set_defaults(func=cmd_stop)
+    reset = commands.add_parser(
+        "reset", help="start a new checkpoint generation (re-reads the source)"
+    )
+    reset.add_argument("flow")
+    reset.set_defaults(func=cmd_reset)
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(load_settings(), args))
+    except LeaseHeldError as exc:
+        print(f"conflux: {exc}", file=sys.stderr)
+        return EXIT_LEASE
+    except ConfigError as exc:
+        print(f"conflux: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Stable flow identity: a flow's checkpoint and its table must agree on who they belong to.
+
+The checkpoint is found by the flow's name and the table by ``target``: renaming a flow, deleting
+its checkpoint, or pointing a second spec at the table would silently start a new stream over an
+existing table and ingest everything again. So each flow records who it is in two places:
+
+* ``identity.json`` beside its checkpoint (:attr:`FlowLocations.identity_file`): flow name, a flow
+  id (a UUID made once), the table, and the checkpoint *generation*;
+* the Delta table's properties ``conflux.flow``, ``conflux.flowId`` and ``conflux.generation``.
+
+At start, :func:`resolve_identity` compares them and refuses, naming the way out, when they
+disagree. The only way to start over is explicit: ``conflux reset FLOW`` moves the checkpoint aside
+(into ``_archive/``), bumps the generation and marks the table for adoption by the next run.
+
+The generation is part of the transaction app id of every Delta write (:attr:`txn_app_id`): a new
+checkpoint restarts batch ids at 0, and with the old app id Delta would skip those batches as
+already committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipelines.errors import ConfigError
+from pipelines.lease import FileLeaseStore
+from pipelines.locations import FlowLocations
+from pipelines.spec import FlowSpec
+
+FLOW_PROPERTY, FLOW_ID_PROPERTY, GENERATION_PROPERTY = (
+    "conflux.flow",
+    "conflux.flowId",
+    "conflux.generation",
+)
+
+
+class IdentityError(ConfigError):
+    """The checkpoint and the table disagree about which flow they belong to."""
+
+
+@dataclass(frozen=True)
+class FlowIdentity:
+    flow: str
+    flow_id: str
+    table: str
+    table_path: str
+    generation: int
+    created_at: str
+    #: Set by ``conflux reset``: the next run stamps the table with this identity.
+    adopt_table: bool = False
+
+    @property
+    def txn_app_id(self) -> str:
+        """Delta transaction app id of this flow's writes: one per table and generation."""
+        return f"conflux-{self.flow_id}-g{self.generation}"
+
+    def table_properties(self) -> dict[str, str]:
+        return {
+            FLOW_PROPERTY: self.flow,
+            FLOW_ID_PROPERTY: self.flow_id,
+            GENERATION_PROPERTY: str(self.generation),
+        }
+
+    @classmethod
+    def new(cls, spec: FlowSpec, locations: FlowLocations, generation: int = 0) -> FlowIdentity:
+        return cls(
+            flow=spec.name,
+            flow_id=uuid.uuid4().hex,
+            table=spec.target.table,
+            table_path=str(locations.table),
+            generation=generation,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+
+
+def read_identity(locations: FlowLocations) -> FlowIdentity | None:
+    path = locations.identity_file
+    if not path.exists():
+        return None
+    try:
+        return FlowIdentity(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise IdentityError(
+            f"{path}: unreadable flow identity ({exc}); restore it from a backup, or start a "
+            f"new checkpoint generation with `conflux reset {locations.flow_dir.name}`"
+        ) from exc
+
+
+def write_identity(locations: FlowLocations, identity: FlowIdentity) -> None:
+    """Replace the identity file atomically (write aside, then rename)."""
+    locations.flow_dir.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=locations.flow_dir, prefix=".identity-")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(asdict(identity), handle, indent=2, sort_keys=True)
+    os.replace(scratch, locations.identity_file)
+
+
+def checkpoint_has_commits(checkpoint: Path) -> bool:
+    """Whether Structured Streaming committed any batch in this checkpoint."""
+    commits = checkpoint / "commits"
+    return commits.is_dir() and any(name.isdigit() for name in os.listdir(commits))
+
+
+def resolve_identity(
+    spec: FlowSpec, locations: FlowLocations, table_properties: Mapping[str, str] | None
+) -> tuple[FlowIdentity, bool]:
+    """The flow's identity, and whether the table must be (re)stamped with it.
+
+    ``table_properties`` are the existing table's properties, or None if there is no table yet.
+
+    Raises:
+        IdentityError: the checkpoint and the table disagree; the message says how to resolve it.
+    """
+    identity = read_identity(locations)
+    committed = checkpoint_has_commits(locations.checkpoint)
+    table_path = str(locations.table)
+    reset_hint = f"`conflux reset {spec.name}`"
+    where = f"{spec.spec_file}: flow {spec.name}"
+    missing_table = IdentityError(
+        f"{where}: the table {table_path} is missing, but the checkpoint "
+        f"{locations.checkpoint} has committed batches, so those records would never be written "
+        f"again. Restore the table, or start a new checkpoint generation with {reset_hint} "
+        "(re-reads the source from its starting_offsets)."
+    )
+    if identity is not None:
+        if identity.flow != spec.name:
+            raise IdentityError(
+                f"{where}: {locations.identity_file} belongs to flow {identity.flow}: this "
+                f"checkpoint folder was copied or moved. Put it back, or run {reset_hint}."
+            )
+        if identity.table_path != table_path:
+            raise IdentityError(
+                f"{where}: target: the checkpoint was written for table {identity.table} at "
+                f"{identity.table_path}, but the spec now writes {table_path}. Change the "
+                f"target back, or start a new checkpoint generation for the new table with "
+                f"{reset_hint} (re-reads the source from its starting_offsets)."
+            )
+        if table_properties is None:
+            if committed:
+                raise missing_table
+            return replace(identity, adopt_table=False), True
+        if identity.adopt_table:
+            return replace(identity, adopt_table=False), True
+        if table_properties.get(FLOW_ID_PROPERTY) is None:
+            raise _foreign_table(where, table_path, reset_hint)
+        if table_properties.get(FLOW_ID_PROPERTY) != identity.flow_id or table_properties.get(
+            GENERATION_PROPERTY
+        ) != str(identity.generation):
+            raise IdentityError(
+                f"{where}: the table {table_path} is owned by flow "
+                f"{table_properties.get(FLOW_PROPERTY)} (flow id "
+                f"{table_properties.get(FLOW_ID_PROPERTY)}, generation "
+                f"{table_properties.get(GENERATION_PROPERTY)}), but this checkpoint is flow id "
+                f"{identity.flow_id}, generation {identity.generation}. Another flow took the "
+                "table over (a rename followed by a reset, or two specs on one table): give this "
+                f"flow its own target, or run {reset_hint} to take the table back."
+            )
+        return identity, False
+
+    new_identity = FlowIdentity.new(spec, locations)
+    if table_properties is None:
+        if committed:
+            raise missing_table
+        return new_identity, True
+    owner = table_properties.get(FLOW_PROPERTY)
+    if owner is None:
+        if committed:  # a checkpoint and table from before flows recorded their identity
+            return new_identity, True
+        raise _foreign_table(where, table_path, reset_hint)
+    if owner != spec.name:
+        raise IdentityError(
+            f"{where}: the table {table_path} belongs to flow {owner} (its {FLOW_PROPERTY} "
+            f"property), not to {spec.name}. If you renamed flow {owner} to {spec.name}, rename "
+            f"it back in {spec.spec_file}: under a new name it would ingest everything into the "
+            f"same table again. To start over under the new name on purpose, run {reset_hint} "
+            "(re-reads the source from its starting_offsets into this table)."
+        )
+    raise IdentityError(
+        f"{where}: the checkpoint {locations.checkpoint} (and {locations.identity_file}) is "
+        f"missing, but the table {table_path} holds this flow's data: starting again would "
+        "re-read the source from its starting_offsets and duplicate rows. Restore the "
+        f"checkpoint folder, or start a new checkpoint generation with {reset_hint}."
+    )
+
+
+def _foreign_table(where: str, table_path: str, reset_hint: str) -> IdentityError:
+    return IdentityError(
+        f"{where}: {table_path} already holds a Delta table that no Conflux flow wrote (it has no "
+        f"{FLOW_ID_PROPERTY} property). Point target.path somewhere else, or adopt the table "
+        f"with {reset_hint} (keeps its rows and appends the source from its starting_offsets)."
+    )
+
+
+def reset_flow(spec: FlowSpec, locations: FlowLocations) -> FlowIdentity:
+    """Start a new checkpoint generation: archive the checkpoint, bump the generation.
+
+    The next run of the flow starts from the spec's ``starting_offsets`` with a new transaction
+    app id and stamps the table (created if missing) with the new identity.
+
+    Raises:
+        LeaseHeldError-like IdentityError: the flow is running (a live lease is held).
+    """
+    term = FileLeaseStore(locations.lease_dir).latest()
+    if term is not None and term.live():
+        raise IdentityError(
+            f"flow {spec.name} is running (lease {term.describe()}): stop it first "
+            f"(`conflux stop {spec.name}`), then reset"
+        )
+    old = read_identity(locations)
+    generation = (old.generation + 1) if old is not None else 1
+    if locations.checkpoint.exists():
+        locations.archive_dir.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        target = locations.archive_dir / f"{locations.checkpoint.name}-g{generation - 1}-{stamp}"
+        shutil.move(str(locations.checkpoint), str(target))
+    identity = replace(
+        FlowIdentity.new(spec, locations, generation),
+        flow_id=old.flow_id if old is not None else uuid.uuid4().hex,
+        adopt_table=True,
+    )
+    write_identity(locations, identity)
+    return identity

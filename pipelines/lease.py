@@ -1,0 +1,342 @@
+"""Ownership leases: one writer per flow, enforced before Spark starts and before every batch.
+
+Two Spark applications running one flow race on its checkpoint and its table. Spark's offset log
+catches the race only where a rename is atomic, and only after both applications have started.
+A lease settles it up front: whoever holds a flow's lease may run it; everyone else exits at once,
+naming the owner and since when.
+
+Storage: numbered terms, each created once
+    A flow's lease lives beside its checkpoint (:attr:`FlowLocations.lease_dir`) as numbered files
+    ``term-0000000001.json``, ``term-0000000002.json``, ... Each file is one *term*: created with a
+    conditional create that fails if the file exists (a hard link of a fully written temporary
+    file on a POSIX filesystem; ``If-None-Match: *`` is the object-store equivalent), and never
+    changed afterwards. The highest term is the lease's state. Renewing means creating the next
+    term with the same owner and a later expiry; taking over an expired lease means creating the
+    next term with another owner; releasing means creating the next term marked released. Two
+    contenders for the same term number cannot both succeed, so the check-then-create is a
+    compare-and-swap: the loser re-reads and learns who won.
+
+Who renews
+    The *launcher* (the Dagster run worker, ``conflux run``, or the runner itself when it is
+    started directly) renews the lease every third of its duration. The Spark application only
+    reads it: it checks before each micro-batch, and every half second while it runs, that the
+    lease is still its own and will not expire within the safety margin (a third of the duration),
+    and stops otherwise. So when a launcher dies, its application, now an orphan, stops within one
+    lease period, before the lease actually expires and a new owner can take it over.
+
+Clocks: expiry times are wall-clock seconds written by the renewing host. Across hosts, keep the
+clock skew well below the safety margin (NTP keeps it in milliseconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipelines.errors import ConfigError
+
+TERM_PREFIX, TERM_SUFFIX = "term-", ".json"
+#: Terms kept below the current one; older ones are deleted (only the newest matters).
+TERMS_KEPT = 8
+DEFAULT_LEASE_SECONDS = 30.0
+
+
+def new_owner_id(kind: str) -> str:
+    """A unique, file-name-safe owner id such as ``dagster-3f2a9c1b7e4d``."""
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
+
+
+def owner_details(**extra: str) -> dict[str, str]:
+    """Who is asking: host and pid of this process, plus ``extra`` (a Dagster run id...)."""
+    return {"host": socket.gethostname(), "pid": str(os.getpid()), **extra}
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class LeaseTerm:
+    """One term of a flow's lease: who owns it, since when, until when."""
+
+    flow: str
+    term: int
+    owner: str
+    details: Mapping[str, str]
+    acquired_at: float
+    renewed_at: float
+    expires_at: float
+    released: bool = False
+
+    def live(self, now: float | None = None, margin: float = 0.0) -> bool:
+        """Held and not expiring within ``margin`` seconds."""
+        current = time.time() if now is None else now
+        return not self.released and self.expires_at - margin > current
+
+    @property
+    def duration(self) -> float:
+        return self.expires_at - self.renewed_at
+
+    def describe(self) -> str:
+        where = ", ".join(f"{k} {v}" for k, v in sorted(self.details.items()))
+        return (
+            f"owner {self.owner} ({where}) since {_iso(self.acquired_at)}, "
+            f"expires {_iso(self.expires_at)}"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "details": dict(self.details)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LeaseTerm:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**data)
+
+
+class LeaseHeldError(ConfigError):
+    """Another owner holds the flow's lease: this launch must not start."""
+
+
+class LeaseLostError(RuntimeError):
+    """This owner no longer holds the flow's lease: its application must stop now."""
+
+
+class LeaseStore(Protocol):
+    """Where a flow's lease terms live; ``create`` must be a conditional create."""
+
+    def latest(self) -> LeaseTerm | None: ...
+
+    def create(self, term: LeaseTerm) -> bool: ...
+
+    def prune(self, below: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class FileLeaseStore:
+    """Lease terms as files in a folder of a POSIX filesystem (local, NFS with link semantics)."""
+
+    folder: Path
+
+    def _path(self, term: int) -> Path:
+        return self.folder / f"{TERM_PREFIX}{term:010d}{TERM_SUFFIX}"
+
+    def _terms(self) -> list[int]:
+        if not self.folder.is_dir():
+            return []
+        numbers = []
+        for name in os.listdir(self.folder):
+            if name.startswith(TERM_PREFIX) and name.endswith(TERM_SUFFIX):
+                with contextlib.suppress(ValueError):
+                    numbers.append(int(name[len(TERM_PREFIX) : -len(TERM_SUFFIX)]))
+        return sorted(numbers)
+
+    def latest(self) -> LeaseTerm | None:
+        for _attempt in range(5):  # a concurrent prune may delete a file between list and read
+            terms = self._terms()
+            if not terms:
+                return None
+            try:
+                return LeaseTerm.from_json(self._path(terms[-1]).read_text())
+            except FileNotFoundError:
+                continue
+        raise ConfigError(f"{self.folder}: the lease terms keep disappearing; is it being cleaned?")
+
+    def create(self, term: LeaseTerm) -> bool:
+        """Write ``term`` unless its number exists: a fully written file appears atomically."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=self.folder, prefix=".pending-")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(term.to_json())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(scratch, self._path(term.term))  # fails if the term exists: the CAS
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(scratch)
+
+    def prune(self, below: int) -> None:
+        for number in self._terms():
+            if number < below:
+                with contextlib.suppress(FileNotFoundError):
+                    self._path(number).unlink()
+
+
+@dataclass
+class FlowLease:
+    """This process's claim on one flow: acquire, renew, check, release."""
+
+    flow: str
+    store: LeaseStore
+    owner: str
+    details: Mapping[str, str] = field(default_factory=dict)
+    duration: float = DEFAULT_LEASE_SECONDS
+    term: LeaseTerm | None = None
+
+    def acquire(
+        self,
+        wait_for_expiry_of: Callable[[LeaseTerm], bool] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> LeaseTerm:
+        """Take the lease, or raise :class:`LeaseHeldError` naming its live owner.
+
+        ``wait_for_expiry_of(term)``, when it returns True for the live owner's term (its owner
+        is known to be gone, e.g. a finished Dagster run whose orphaned application is still
+        stopping), makes this call wait until that term expires instead of failing.
+        """
+        while True:
+            current = self.store.latest()
+            now = clock()
+            if current is not None and current.live(now) and current.owner != self.owner:
+                if wait_for_expiry_of is not None and wait_for_expiry_of(current):
+                    time.sleep(min(1.0, max(0.05, current.expires_at - now)))
+                    continue
+                raise LeaseHeldError(
+                    f"flow {self.flow} is already running: its lease is held by "
+                    f"{current.describe()}. Wait for that run to end, or stop it "
+                    f"(`conflux stop {self.flow}`); a dead owner's lease expires by itself."
+                )
+            candidate = LeaseTerm(
+                flow=self.flow,
+                term=(current.term if current else 0) + 1,
+                owner=self.owner,
+                details=dict(self.details),
+                acquired_at=now,
+                renewed_at=now,
+                expires_at=now + self.duration,
+            )
+            if self.store.create(candidate):
+                self.term = candidate
+                self.store.prune(candidate.term - TERMS_KEPT)
+                return candidate
+            # Someone created this term first: re-read and judge the winner.
+
+    def renew(self, clock: Callable[[], float] = time.time) -> LeaseTerm:
+        """Extend the lease by one duration; raise :class:`LeaseLostError` if it is not ours."""
+        held = self._held()
+        now = clock()
+        if not held.live(now):
+            raise LeaseLostError(f"flow {self.flow}: the lease expired at {_iso(held.expires_at)}")
+        renewed = replace(held, term=held.term + 1, renewed_at=now, expires_at=now + self.duration)
+        if not self.store.create(renewed):
+            raise LeaseLostError(f"flow {self.flow}: another owner took the lease")
+        self.term = renewed
+        self.store.prune(renewed.term - TERMS_KEPT)
+        return renewed
+
+    def release(self) -> None:
+        """Give the lease up now (best effort: a lost lease has nothing to release)."""
+        with contextlib.suppress(LeaseLostError):
+            held = self._held()
+            now = time.time()
+            if self.store.create(
+                replace(held, term=held.term + 1, renewed_at=now, expires_at=now, released=True)
+            ):
+                self.term = None
+
+    def _held(self) -> LeaseTerm:
+        current = self.store.latest()
+        if self.term is None or current is None or current.term != self.term.term:
+            owner = current.describe() if current else "nobody"
+            raise LeaseLostError(f"flow {self.flow}: the lease is no longer ours; now: {owner}")
+        return current
+
+
+@dataclass
+class LeaseGuard:
+    """Read-only check, from the Spark application, that ``owner`` still holds a flow's lease."""
+
+    flow: str
+    store: LeaseStore
+    owner: str
+
+    def current(self) -> LeaseTerm:
+        """The live term held by ``owner``, or raise :class:`LeaseLostError` saying why not."""
+        term = self.store.latest()
+        if term is None or term.owner != self.owner:
+            holder = term.describe() if term else "nobody"
+            raise LeaseLostError(
+                f"flow {self.flow}: the lease is not held by {self.owner}; it is held by {holder}"
+            )
+        if not term.live(margin=term.duration / 3):
+            raise LeaseLostError(
+                f"flow {self.flow}: the lease of {self.owner} expires at "
+                f"{_iso(term.expires_at)} and was not renewed (is its launcher gone?)"
+            )
+        return term
+
+    def check(self) -> None:
+        self.current()
+
+
+class LeaseKeeper:
+    """Renews leases in a daemon thread every third of their duration until closed.
+
+    ``on_lost`` is called once (from the thread) if a renewal finds the lease gone.
+    """
+
+    def __init__(
+        self, leases: list[FlowLease], on_lost: Callable[[str], None] | None = None
+    ) -> None:
+        self.leases = leases
+        self.lost: str | None = None
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        period = min(lease.duration for lease in leases) / 3 if leases else 1.0
+        self._thread = threading.Thread(
+            target=self._run, args=(period,), name="conflux-lease-keeper", daemon=True
+        )
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            for lease in self.leases:
+                try:
+                    lease.renew()
+                except LeaseLostError as exc:
+                    self.lost = str(exc)
+                    if self._on_lost is not None:
+                        self._on_lost(self.lost)
+                    return
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for lease in self.leases:
+            lease.release()
+
+
+@contextlib.contextmanager
+def held_leases(
+    leases: list[FlowLease],
+    wait_for_expiry_of: Callable[[LeaseTerm], bool] | None = None,
+    on_lost: Callable[[str], None] | None = None,
+) -> Iterator[LeaseKeeper]:
+    """Acquire every lease (all or none), keep renewing them, release them on exit."""
+    acquired: list[FlowLease] = []
+    try:
+        for lease in leases:
+            lease.acquire(wait_for_expiry_of)
+            acquired.append(lease)
+    except BaseException:
+        for lease in acquired:
+            lease.release()
+        raise
+    with LeaseKeeper(acquired, on_lost) as keeper:
+        yield keeper

@@ -1,0 +1,185 @@
+"""One writer per flow, through the launchers people use: `conflux run` in a terminal and a Dagster
+materialization. While one run holds the flow, a second launch fails at once with the lease error
+and starts no Spark; Ctrl-C in the middle of a batch stops after that batch commits and exits 0;
+`conflux stop` stops a run through the flow's stop channel; the table is exact (read with
+delta-rs, independently of Spark)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from pipelines.lease import FileLeaseStore
+from pipelines.locations import FlowLocations
+from pipelines.settings import Settings
+from pipelines.spec import load_spec
+from tests.support.kafka import create_topic, order_payloads, produce
+from tests.support.runtime import KafkaBroker, settings_env
+
+pytestmark = pytest.mark.timeout(900)
+CONFLUX = str(Path(sys.executable).parent / "conflux")
+RECORDS = 12_000
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def batch_in_flight(checkpoint: Path) -> int | None:
+    """A batch whose offsets are logged and whose commit is not: it is running now."""
+    offsets = {int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*")}
+    commits = {int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")}
+    running = offsets - commits
+    return max(running) if running else None
+
+
+class Cli:
+    """`conflux ...` in its own process group, as a terminal would run it."""
+
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.process = subprocess.Popen(
+            [CONFLUX, *args], env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def ctrl_c(self) -> None:
+        """What a terminal's Ctrl-C does: SIGINT to the foreground process group."""
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._out.close()
+
+
+def run_cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CONFLUX, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture
+def flow(spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[tuple]:
+    topic = "one_writer_orders"
+    create_topic(kafka_broker.bootstrap_servers, topic, partitions=3)
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    spec_file = flows / "one_writer.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "one_writer",
+                "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 600},
+                "target": {"table": "bronze_one_writer"},
+                "trigger": {"mode": "continuous", "interval": "1 second"},
+            }
+        )
+    )
+    env = {**settings_env(spark_settings), "CONFLUX_FLOWS_DIR": str(flows)}
+    yield topic, spec_file, env
+
+
+def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
+    flow: tuple, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    topic, spec_file, env = flow
+    locations = FlowLocations.of(load_spec(spec_file), spark_settings)
+    records = order_payloads(RECORDS)
+    produce(kafka_broker.bootstrap_servers, topic, records[: RECORDS // 2])
+
+    first = Cli(env, tmp_path / "first.log", "run", "one_writer", "--continuous")
+    wait_for(lambda: "conflux.progress " in first.output(), 300, "the first run's first batch")
+
+    # A second launch from another terminal: refused before any Spark starts.
+    started = time.monotonic()
+    second = run_cli(env, "run", "one_writer", "--once")
+    assert second.returncode == 3, second.stdout + second.stderr
+    assert "flow one_writer is already running: its lease is held by owner cli-" in second.stderr
+    assert "started flows" not in second.stdout + second.stderr
+    assert time.monotonic() - started < 20, "the refusal must come before Spark starts"
+
+    # ... and from Dagster: the materialization fails with the same lease error.
+    from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            if key.startswith("CONFLUX_"):
+                patch.setenv(key, value)
+        from assets.definitions import build_definitions
+
+        defs = build_definitions()
+        with DagsterInstance.ephemeral() as instance:
+            result = materialize(
+                assets=list(defs.assets or []),
+                selection=[AssetKey(["bronze", "bronze_one_writer"])],
+                resources=defs.resources,
+                instance=instance,
+                raise_on_error=False,
+            )
+            assert not result.success
+            [failure] = [
+                e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE
+            ]
+            message = failure.step_failure_data.error.message
+            assert "flow one_writer is already running: its lease is held by owner cli-" in message
+            logs = [r.user_message for r in instance.all_logs(result.run_id) if r.user_message]
+            assert not any(m.startswith("launching") for m in logs), "no spark-submit may start"
+
+    status = run_cli(env, "status", "one_writer")
+    assert status.returncode == 0 and "running (cli-" in status.stdout, status.stdout
+    assert "last batch" in status.stdout and "lag one_writer_orders-0" in status.stdout
+
+    # Ctrl-C while a batch is running: that batch commits, then the run exits 0.
+    produce(kafka_broker.bootstrap_servers, topic, records[RECORDS // 2 :])
+    inflight: list[int] = []
+    wait_for(
+        lambda: (b := batch_in_flight(locations.checkpoint)) is not None and not inflight.append(b),
+        300,
+        "a batch in flight",
+    )
+    first.ctrl_c()
+    assert first.wait(timeout=240) == 0, first.output()[-4000:]
+    output = first.output()
+    assert "SIGINT: stopping after the in-flight batch commits" in output
+    assert "stopping gracefully" in output
+    assert (locations.checkpoint / "commits" / str(inflight[0])).exists(), "in-flight batch lost"
+    lease = FileLeaseStore(locations.lease_dir).latest()
+    assert lease is not None and lease.released, "the launcher releases the lease at exit"
+
+    # A new continuous run catches up and is stopped through the stop channel.
+    again = Cli(env, tmp_path / "again.log", "run", "one_writer", "--continuous")
+    table = str(locations.table)
+    wait_for(
+        lambda: DeltaTable(table).to_pyarrow_table(columns=["offset"]).num_rows >= RECORDS,
+        300,
+        "catching up",
+    )
+    stop = run_cli(env, "stop", "one_writer", timeout=240)
+    assert stop.returncode == 0 and "flow one_writer stopped" in stop.stdout, stop.stdout
+    assert again.wait(timeout=120) == 0, again.output()[-4000:]
+
+    rows = DeltaTable(table).to_pyarrow_table(columns=["key", "value", "partition", "offset"])
+    assert rows.num_rows == RECORDS
+    coordinates = set(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True))
+    assert len(coordinates) == RECORDS
+    landed = Counter(zip(rows["key"].to_pylist(), rows["value"].to_pylist(), strict=True))
+    assert landed == Counter(records)

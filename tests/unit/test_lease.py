@@ -1,0 +1,116 @@
+"""Flow leases on a real filesystem: conditional creates, takeover, renewal, loss (no JVM)."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.lease import (
+    FileLeaseStore,
+    FlowLease,
+    LeaseGuard,
+    LeaseHeldError,
+    LeaseLostError,
+    held_leases,
+)
+
+
+def lease(folder: Path, owner: str, duration: float = 30.0) -> FlowLease:
+    return FlowLease("orders", FileLeaseStore(folder), owner, {"host": "h", "pid": "1"}, duration)
+
+
+def test_second_owner_is_refused_with_owner_and_since(tmp_path: Path) -> None:
+    lease(tmp_path, "first").acquire()
+    with pytest.raises(LeaseHeldError) as error:
+        lease(tmp_path, "second").acquire()
+    message = str(error.value)
+    assert "flow orders is already running" in message
+    assert "owner first" in message and "since 20" in message and "conflux stop orders" in message
+
+
+def test_concurrent_takers_never_both_win(tmp_path: Path) -> None:
+    """32 threads race for a free lease, 20 rounds: exactly one winner each time."""
+    for round_number in range(20):
+        folder = tmp_path / f"round-{round_number}"
+        start = threading.Barrier(32)
+        winners: list[str] = []
+
+        def take(
+            owner: str,
+            folder: Path = folder,
+            start: threading.Barrier = start,
+            winners: list[str] = winners,
+        ) -> None:
+            start.wait()
+            try:
+                lease(folder, owner).acquire()
+                winners.append(owner)
+            except LeaseHeldError:
+                pass
+
+        threads = [threading.Thread(target=take, args=(f"o{i}",)) for i in range(32)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(winners) == 1
+        assert FileLeaseStore(folder).latest().owner == winners[0]
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_owner_learns_it(tmp_path: Path) -> None:
+    old = lease(tmp_path, "old", duration=0.2)
+    old.acquire()
+    time.sleep(0.3)
+    new = lease(tmp_path, "new")
+    new.acquire()
+    with pytest.raises(LeaseLostError):
+        old.renew()
+    assert FileLeaseStore(tmp_path).latest().owner == "new"
+
+
+def test_renewal_extends_and_release_frees(tmp_path: Path) -> None:
+    mine = lease(tmp_path, "me", duration=5)
+    first = mine.acquire()
+    renewed = mine.renew()
+    assert renewed.term == first.term + 1 and renewed.expires_at >= first.expires_at
+    assert renewed.acquired_at == first.acquired_at
+    mine.release()
+    assert not FileLeaseStore(tmp_path).latest().live()
+    lease(tmp_path, "next").acquire()  # a released lease is free at once
+
+
+def test_old_terms_are_pruned(tmp_path: Path) -> None:
+    mine = lease(tmp_path, "me")
+    mine.acquire()
+    for _ in range(30):
+        mine.renew()
+    assert len(list(tmp_path.glob("term-*.json"))) <= 9
+    assert FileLeaseStore(tmp_path).latest().term == 31
+
+
+def test_guard_stops_before_expiry_within_the_safety_margin(tmp_path: Path) -> None:
+    mine = lease(tmp_path, "me", duration=3.0)
+    mine.acquire()
+    guard = LeaseGuard("orders", FileLeaseStore(tmp_path), "me")
+    guard.check()
+    time.sleep(2.1)  # a third of the duration left: not safe to start another batch
+    with pytest.raises(LeaseLostError, match="was not renewed"):
+        guard.check()
+    with pytest.raises(LeaseLostError, match="not held by someone-else"):
+        LeaseGuard("orders", FileLeaseStore(tmp_path), "someone-else").check()
+
+
+def test_keeper_renews_while_held_and_releases_on_exit(tmp_path: Path) -> None:
+    mine = lease(tmp_path, "me", duration=0.6)
+    with held_leases([mine]):
+        time.sleep(1.5)  # several durations: only renewals keep it
+        LeaseGuard("orders", FileLeaseStore(tmp_path), "me").check()
+    assert not FileLeaseStore(tmp_path).latest().live()
+
+
+def test_waiting_for_a_dead_owner_takes_over_at_expiry(tmp_path: Path) -> None:
+    lease(tmp_path, "dead", duration=1.0).acquire()
+    started = time.monotonic()
+    lease(tmp_path, "next").acquire(wait_for_expiry_of=lambda term: term.owner == "dead")
+    assert 0.5 < time.monotonic() - started < 3
