@@ -13,6 +13,8 @@ exits; only past ``graceful_stop_seconds`` is the process group terminated.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -23,6 +25,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
+    DagsterEventType,
     DagsterInstance,
     Failure,
     MetadataValue,
@@ -34,11 +37,15 @@ from dagster import (
 
 from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource
-from pipelines.launcher import FlowApplication, owner_process_gone
+from pipelines.launcher import FlowApplication, owner_process_gone, process_gone
 from pipelines.lease import LeaseHeldError, LeaseTerm
 from pipelines.settings import load_settings
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
+
+
+class RunWorkerGoneError(Exception):
+    """The Dagster run worker that started this step is dead: nobody will record this run's end."""
 
 
 @dataclass
@@ -142,6 +149,18 @@ def owner_gone(instance: DagsterInstance) -> Callable[[LeaseTerm], bool]:
     return gone
 
 
+def run_worker_pid(context: AssetExecutionContext) -> int:
+    """The pid of the process running this Dagster run (the step may run in a child of it)."""
+    started = context.instance.get_records_for_run(
+        context.run_id, of_type=DagsterEventType.RUN_START, limit=1
+    ).records
+    for record in started:
+        event = record.event_log_entry.dagster_event
+        if event is not None and event.pid:
+            return int(event.pid)
+    return os.getpid()
+
+
 def run_flows(
     context: AssetExecutionContext,
     specs: list[FlowSpec],
@@ -162,6 +181,7 @@ def run_flows(
         for name, key in keys.items()
     }
     monitor = RunMonitor(context, relays if continuous else {}, spark_submit.heartbeat_seconds)
+    worker_pid = run_worker_pid(context)
     with open_pipes_session(
         context=context,
         context_injector=PipesEnvContextInjector(),
@@ -174,7 +194,7 @@ def run_flows(
             spark_submit.launcher(),
             trigger,
             owner_kind="dagster",
-            details={"dagster_run_id": context.run_id},
+            details={"dagster_run_id": context.run_id, "run_worker_pid": str(worker_pid)},
             env=session.get_bootstrap_env_vars(),
             wait_for_expiry_of=owner_gone(context.instance),
             on_lease_lost=context.log.error,
@@ -192,6 +212,10 @@ def run_flows(
             try:
                 while application.poll() is None:
                     monitor.poll(session.get_custom_messages())
+                    if process_gone(socket.gethostname(), worker_pid):
+                        raise RunWorkerGoneError(
+                            f"the run worker (pid {worker_pid}) died: stopping the flows"
+                        )
                     time.sleep(1.0)
             except BaseException:
                 context.log.info("run terminated: stopping the streams after their in-flight batch")

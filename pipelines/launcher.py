@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,19 +99,22 @@ class SparkSubmit:
         return [*command, "--stop-file", str(stop_file)]
 
 
-def owner_process_gone(term: LeaseTerm) -> bool:
-    """Whether the term's owner was a process on this host that no longer exists."""
-    import socket
-
-    if term.details.get("host") != socket.gethostname():
+def process_gone(host: str | None, pid: str | int | None) -> bool:
+    """Whether ``pid`` was a process on this host that no longer exists (False if unknown)."""
+    if host != socket.gethostname() or not pid:
         return False
     try:
-        os.kill(int(term.details.get("pid", "0")), 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return True
     except (PermissionError, ValueError):
         return False
     return False
+
+
+def owner_process_gone(term: LeaseTerm) -> bool:
+    """Whether the term's owner was a process on this host that no longer exists."""
+    return process_gone(term.details.get("host"), term.details.get("pid"))
 
 
 @dataclass
