@@ -28,19 +28,29 @@ Nothing is lost: ``_rescued_data``
       they parsed and gets ``{"_corrupt_record": "<the raw line>"}``. The header line is not
       checked against the schema: columns are matched by position (Spark's ``enforceSchema``), so
       a file with an added column shows up as rows with too many values, which are rescued.
-    * Parquet: Parquet files carry their own typed schema, so there is no per-record rescue and
-      ``_rescued_data`` is always null. Reading with the stored schema, Spark 4.1 treats a file
-      that differs from it like this (checked by the tests):
+    * Parquet: Parquet files carry their own typed schema, so the only thing a file can hold that
+      the typed columns cannot is a column the stored schema lacks. Such columns are rescued by
+      :func:`prepare_batch`, the per-micro-batch hook the bronze sink calls in ``foreachBatch``
+      (the streaming DataFrame itself always has a null ``_rescued_data`` for Parquet): the rows
+      of a file with extra top-level columns get ``_rescued_data`` = ``to_json`` of a struct of
+      those columns, values as JSON values (``{"n": 7, "s": {"a": 1}}``), null fields left out,
+      and null when all of the row's extra values are null (a null lost nothing). Read with
+      ``from_json(_rescued_data, "map<string,string>")`` it gives the same raw JSON text per key
+      as the JSON source's rescue. Names match the way Spark matches Parquet columns
+      (case-insensitively unless ``spark.sql.caseSensitive``). Otherwise, reading with the stored
+      schema, Spark 4.1 treats a file that differs from it like this (checked by the tests):
 
       - a column missing from the file reads as null;
-      - a column that is not in the stored schema is silently dropped (it is *not* rescued);
+      - a field added *inside* a struct column of the stored schema is dropped (only top-level
+        columns are rescued);
       - a column of another type reads when Spark can widen it losslessly (int to long or double,
         float to double); any other difference (long where the schema has int, string where it
         has double, ...) fails the query with ``FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH``
         naming the file and the column, and every restart fails on that file again until it is
         removed or the schema file is edited.
 
-      Adding a Parquet column to the table therefore needs an edit of the schema file.
+      Adding a Parquet column to the table as a typed column therefore needs an edit of the
+      schema file; until then its values are in ``_rescued_data``.
 
 Options
     ``source.options`` pass through to Spark's reader (e.g. CSV ``sep``; for JSON they also reach
@@ -65,7 +75,9 @@ from functools import reduce
 from itertools import chain
 from operator import or_
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
+import pyarrow.parquet as pq
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -95,6 +107,9 @@ JSON_UNSUPPORTED_OPTIONS = ("multiline", "wholetext")
 #: of ``from_json`` do not list ``MapType``).
 RAW_MAP = "map<string,string>"
 _LINE, _TYPED, _RAW, _METADATA = "__line", "__typed", "__raw", "_metadata"
+#: Spark's internal reader option (``DataSource.GLOB_PATHS_KEY``) that its own file stream source
+#: sets to read logged file paths literally: ``a[1].parquet`` is a file name, not a glob.
+GLOB_PATHS_OPTION = "__globPaths__"
 
 
 def read_files_stream(
@@ -314,7 +329,7 @@ def parquet_stream(
     options: Mapping[str, str],
     parser_options: Mapping[str, str],
 ) -> DataFrame:
-    """Parquet read with ``schema``; ``_rescued_data`` is always null (see the module docstring)."""
+    """Parquet read with ``schema``; ``_rescued_data`` is null until :func:`prepare_batch`."""
     frame = spark.readStream.format("parquet").options(**options).schema(schema).load(str(folder))
     return frame.select(
         *(F.col(quote(name)) for name in schema.fieldNames()),
@@ -327,6 +342,171 @@ _STREAM_READERS: Mapping[
     str,
     Callable[[SparkSession, Path, StructType, Mapping[str, str], Mapping[str, str]], DataFrame],
 ] = {"json": json_stream, "csv": csv_stream, "parquet": parquet_stream}
+
+# --- the per-micro-batch hook ----------------------------------------------------------------
+
+
+def prepare_batch(batch: DataFrame, source: FileSource, schema: StructType) -> DataFrame:
+    """One micro-batch of :func:`read_files_stream`, completed before it is written.
+
+    Call it in ``foreachBatch`` on the micro-batch DataFrame *before* adding any column:
+    ``batch`` must have exactly the columns :func:`read_files_stream` returns (the stored
+    ``schema``'s columns, ``_rescued_data``, ``source_file``, ``source_modified_at``, in that
+    order), and the result has the same columns, so ingestion columns are added to the result.
+    ``schema`` is the stored schema the stream was read with (:func:`load_schema`).
+
+    * JSON and CSV: ``batch`` is returned as is; no Spark job.
+    * Parquet: the distinct ``source_file`` values of ``batch`` are collected (one action; 2 jobs
+      with adaptive execution, and it computes the micro-batch once more: in ``foreachBatch`` it
+      is a fixed RDD, so no column is pruned). Each file's own top-level columns are read from
+      its footer, with pyarrow for a ``file:`` URI (no job) and with Spark otherwise (one job per
+      file). The rows of files with columns the stored schema lacks are replaced by a batch
+      re-read of exactly those files with the stored schema plus their extra columns (the
+      extra columns' Spark types are taken with one schema job per distinct set of extra
+      columns and types, none for non-``file:`` URIs), ``_rescued_data`` holding the extra
+      values (see the module docstring). Rows of the other files pass untouched, and when no
+      file has extra columns ``batch`` itself is returned.
+
+    Deterministic: a micro-batch's file set is fixed (a replay reads the same files), so the
+    file list, the footers and the re-read are the same every time the batch runs.
+
+    Raises:
+        ValueError: ``batch`` does not have the columns :func:`read_files_stream` returns.
+    """
+    if source.format != "parquet":
+        return batch
+    expected = [*schema.fieldNames(), RESCUED_COLUMN, SOURCE_FILE_COLUMN, SOURCE_MODIFIED_COLUMN]
+    if batch.columns != expected:
+        raise ValueError(
+            f"prepare_batch needs the columns read_files_stream returns, {expected}; got "
+            f"{batch.columns} (call it before adding ingestion columns)"
+        )
+    spark = batch.sparkSession
+    files = sorted(row[0] for row in batch.select(SOURCE_FILE_COLUMN).distinct().collect())
+    case_sensitive = str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    spark_schemas: dict[tuple[tuple[str, str], ...], StructType] = {}
+    for uri in files:
+        columns, spark_schema = file_columns(spark, uri, source.options)
+        extras = extra_columns(list(columns), schema, case_sensitive)
+        if not extras:
+            continue
+        key = tuple((name, columns[name]) for name in extras)
+        groups.setdefault(key, []).append(uri)
+        if spark_schema is not None:
+            spark_schemas.setdefault(key, spark_schema)
+    if not groups:
+        return batch
+    rescued = []
+    for key, uris in groups.items():
+        file_schema = spark_schemas.get(key)
+        if file_schema is None:
+            file_schema = spark_file_schema(spark, uris[0], source.options)
+        extra_fields = [file_schema[name] for name, _ in key]
+        rescued.extend(reread_with_extras(spark, uris, schema, extra_fields, source.options))
+    drifted = [uri for uris in groups.values() for uri in uris]
+    kept = batch.where(~F.col(SOURCE_FILE_COLUMN).isin(drifted))
+    return reduce(DataFrame.unionByName, rescued, kept)
+
+
+def file_columns(
+    spark: SparkSession, uri: str, options: Mapping[str, str]
+) -> tuple[dict[str, str], StructType | None]:
+    """A Parquet file's top-level columns (name to type text), and its Spark schema if Spark read it.
+
+    A ``file:`` URI is read with pyarrow (the footer only, no Spark job); any other URI with
+    Spark (one schema job), so object-storage files work wherever Spark can read them.
+    """
+    path = local_path(uri)
+    if path is not None:
+        return {f.name: str(f.type) for f in pq.read_schema(path)}, None
+    spark_schema = spark_file_schema(spark, uri, options)
+    return {f.name: f.dataType.simpleString() for f in spark_schema.fields}, spark_schema
+
+
+def spark_file_schema(spark: SparkSession, uri: str, options: Mapping[str, str]) -> StructType:
+    """The Spark schema of one Parquet file, as Spark infers it (one job)."""
+    reader = spark.read.options(**options).option(GLOB_PATHS_OPTION, "false")
+    return reader.parquet(hadoop_path(uri)).schema
+
+
+def reread_with_extras(
+    spark: SparkSession,
+    uris: list[str],
+    schema: StructType,
+    extra_fields: list[StructField],
+    options: Mapping[str, str],
+) -> list[DataFrame]:
+    """A batch read of ``uris`` in the stream's shape, ``_rescued_data`` holding ``extra_fields``.
+
+    One read per partition base folder (``basePath``), so partition columns of the stored schema
+    (``date=...`` folders) are filled from the path as the stream fills them.
+    """
+    read_schema = StructType([*schema.fields, *extra_fields])
+    by_base: dict[str | None, list[str]] = {}
+    recursive = any(
+        k.lower() == "recursivefilelookup" and v.lower() == "true" for k, v in options.items()
+    )
+    for uri in uris:
+        path = hadoop_path(uri)
+        by_base.setdefault(None if recursive else partition_base(path), []).append(path)
+    frames = []
+    for base, paths in by_base.items():
+        reader = spark.read.options(**options).option(GLOB_PATHS_OPTION, "false")
+        if base is not None:
+            reader = reader.option("basePath", base)
+        frame = reader.schema(read_schema).parquet(*paths)
+        frames.append(
+            frame.select(
+                *(F.col(quote(name)) for name in schema.fieldNames()),
+                rescued_columns([f.name for f in extra_fields]).alias(RESCUED_COLUMN),
+                *metadata_columns(),
+            )
+        )
+    return frames
+
+
+def rescued_columns(names: list[str]) -> Column:
+    """``to_json`` of the columns ``names`` (nulls left out), or null when all of them are null."""
+    columns = [F.col(quote(name)).alias(name) for name in names]
+    present = reduce(or_, (column.isNotNull() for column in columns))
+    return F.when(present, F.to_json(F.struct(*columns), {"ignoreNullFields": "true"}))
+
+
+def extra_columns(file_columns: list[str], schema: StructType, case_sensitive: bool) -> list[str]:
+    """The columns of a file that the stored schema lacks, in file order, as Spark matches them."""
+    if case_sensitive:
+        known = set(schema.fieldNames())
+        return [name for name in file_columns if name not in known]
+    known = {name.lower() for name in schema.fieldNames()}
+    return [name for name in file_columns if name.lower() not in known]
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of a ``file:`` URI as Spark reports it (percent-decoded); else None."""
+    parts = urlsplit(uri)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+        return None
+    return Path(unquote(parts.path))
+
+
+def hadoop_path(uri: str) -> str:
+    """A file URI as Spark reports it (``a%20b``) as the path string Spark's reader takes."""
+    parts = urlsplit(uri)
+    authority = f"//{parts.netloc}" if parts.netloc else ""
+    return f"{parts.scheme}:{authority}{unquote(parts.path)}" if parts.scheme else unquote(uri)
+
+
+def partition_base(path: str) -> str | None:
+    """The folder above the ``key=value`` folders holding ``path``, or None if there are none.
+
+    ``file:/landing/date=2024-01-01/h=3/a.parquet`` gives ``file:/landing``.
+    """
+    folder, _, _ = path.rpartition("/")
+    base = folder
+    while "=" in base.rpartition("/")[2]:
+        base = base.rpartition("/")[0]
+    return base if base != folder else None
 
 
 # --- column rules ----------------------------------------------------------------------------

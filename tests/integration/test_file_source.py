@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from pipelines.errors import ConfigError
 from pipelines.settings import Settings, load_settings
-from pipelines.sources.files import read_files_stream
+from pipelines.sources.files import load_schema, local_path, prepare_batch, read_files_stream
 from pipelines.spark import get_spark_session
 from pipelines.spec import FileSource
 
@@ -82,8 +82,49 @@ class Flow:
             pytest.fail(f"the stream did not finish within {STREAM_TIMEOUT_S}s")
         return self.result()
 
+    def run_prepared(self, frame: DataFrame | None = None) -> list[Batch]:
+        """Run the stream (availableNow) the way the bronze sink does: ``foreachBatch`` calling
+        :func:`prepare_batch` on each micro-batch, then writing the result (here: collecting it).
+
+        Returns, per micro-batch, the Spark jobs the hook ran, whether it returned the batch
+        itself, and the rows it returned.
+        """
+        frame = frame if frame is not None else self.read()
+        schema = load_schema(self.schema_file)
+        tracker = self.spark.sparkContext.statusTracker()
+        batches: list[Batch] = []
+
+        def write(batch: DataFrame, batch_id: int) -> None:
+            group = self.spark.sparkContext.getLocalProperty("spark.jobGroup.id")
+            before = set(tracker.getJobIdsForGroup(group))
+            prepared = prepare_batch(batch, self.source, schema)
+            jobs = len(set(tracker.getJobIdsForGroup(group)) - before)
+            assert prepared.columns == batch.columns
+            batches.append(Batch(jobs, prepared is batch, prepared.collect()))
+
+        query = (
+            frame.writeStream.foreachBatch(write)
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        if not query.awaitTermination(STREAM_TIMEOUT_S):
+            query.stop()
+            pytest.fail(f"the stream did not finish within {STREAM_TIMEOUT_S}s")
+        assert query.exception() is None
+        return batches
+
     def result(self) -> DataFrame:
         return self.spark.read.format("delta").load(str(self.table))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What :func:`prepare_batch` did to one micro-batch."""
+
+    jobs: int
+    unchanged: bool
+    rows: list[Row]
 
 
 def data(frame: DataFrame, order_by: str = "id") -> list[tuple]:
@@ -264,7 +305,7 @@ def test_parquet_basic(spark: SparkSession, settings: Settings) -> None:
     assert all(r["source_modified_at"] is not None for r in table.collect())
 
 
-def test_parquet_drift_extra_dropped_missing_null_widened(
+def test_parquet_stream_alone_drops_extra_reads_missing_as_null_widens(
     spark: SparkSession, settings: Settings
 ) -> None:
     flow = Flow(spark, settings, FileSource(path="landing/metrics", format="parquet"))
@@ -279,10 +320,88 @@ def test_parquet_drift_extra_dropped_missing_null_widened(
         {"id": pa.array([2], pa.int32()), "value": pa.array([2.5], pa.float32()), "extra": ["e"]},
     )
 
-    table = flow.run(frame)
+    table = flow.run(frame)  # without prepare_batch: the extra column is not rescued
 
     assert table.columns == ["id", "value", "tag", *METADATA_COLUMNS]
     assert data(table) == [(1, 0.5, "x", None), (2, 2.5, None, None)]
+
+
+def test_parquet_extra_columns_rescued_by_prepare_batch(
+    spark: SparkSession, settings: Settings
+) -> None:
+    flow = Flow(spark, settings, FileSource(path="landing/metrics", format="parquet"))
+    write_parquet(
+        flow.landing / "a.parquet",
+        {"id": pa.array([1], pa.int64()), "value": pa.array([0.5]), "tag": ["x"]},
+    )
+    frame = flow.read()  # stored schema: id bigint, value double, tag string
+    nested = pa.struct([("a", pa.int64()), ("b", pa.string())])
+    # extra columns, an int and a nested struct; narrower types Spark widens; a name that is
+    # percent-encoded in source_file. (No glob characters: with a file named like `b[1].parquet`
+    # in a micro-batch, Spark 4.1.3's file stream source reads the batch's other files twice.)
+    extra = flow.landing / "b extra.parquet"
+    write_parquet(
+        extra,
+        {
+            "id": pa.array([2, 3, 4], pa.int32()),
+            "value": pa.array([2.5, 3.5, 4.5], pa.float32()),
+            "tag": ["y", None, "w"],
+            "n": pa.array([7, None, None], pa.int32()),
+            "s": pa.array([{"a": 1, "b": "p"}, {"a": None, "b": "q"}, None], nested),
+        },
+    )
+    missing = flow.landing / "c.parquet"
+    write_parquet(missing, {"id": pa.array([5], pa.int64()), "value": pa.array([5.5])})
+
+    [batch] = flow.run_prepared(frame)
+
+    # one micro-batch: 2 jobs for the distinct file names (adaptive execution: shuffle map stage
+    # + result), none for the footers (pyarrow), 1 for the Spark types of the extra columns
+    assert (batch.jobs, batch.unchanged) == (3, False)
+    assert batch.rows[0].asDict().keys() == {"id", "value", "tag", *METADATA_COLUMNS}
+    assert {r["id"]: (r["value"], r["tag"], rescued(r)) for r in batch.rows} == {
+        1: (0.5, "x", None),
+        2: (2.5, "y", {"n": 7, "s": {"a": 1, "b": "p"}}),
+        3: (3.5, None, {"s": {"b": "q"}}),  # null values are left out
+        4: (4.5, "w", None),  # every extra value null: nothing was lost
+        5: (5.5, None, None),  # a missing column reads as null
+    }
+    assert len(batch.rows) == 5
+    assert {r["id"]: local_path(r["source_file"]) for r in batch.rows} == {
+        1: flow.landing / "a.parquet",
+        2: extra,
+        3: extra,
+        4: extra,
+        5: missing,
+    }
+    modified = {r["id"]: r["source_modified_at"] for r in batch.rows}
+    assert modified[2] == modified[3] == modified[4] is not None
+    assert abs((modified[2] - datetime.fromtimestamp(extra.stat().st_mtime)).total_seconds()) < 1
+
+    # a later batch of files that fit: after the file-name query the hook returns the batch
+    write_parquet(flow.landing / "d.parquet", {"id": pa.array([6], pa.int64()), "tag": ["v"]})
+    [later] = flow.run_prepared()
+    assert (later.jobs, later.unchanged) == (2, True)
+    assert [(r["id"], r["value"], r["tag"], r["_rescued_data"]) for r in later.rows] == [
+        (6, None, "v", None)
+    ]
+
+
+def test_parquet_rescue_keeps_partition_columns(spark: SparkSession, settings: Settings) -> None:
+    flow = Flow(spark, settings, FileSource(path="landing/metrics", format="parquet"))
+    write_parquet(flow.landing / "day=1" / "a.parquet", {"id": pa.array([1], pa.int64())})
+    frame = flow.read()  # stored schema: id bigint, day int (from the folder name)
+    write_parquet(
+        flow.landing / "day=2" / "b.parquet",
+        {"id": pa.array([2], pa.int64()), "extra": ["e"]},
+    )
+
+    [batch] = flow.run_prepared(frame)
+
+    assert sorted((r["id"], r["day"], r["_rescued_data"]) for r in batch.rows) == [
+        (1, 1, None),
+        (2, 2, '{"extra":"e"}'),
+    ]
 
 
 def test_parquet_type_mismatch_fails_the_query(spark: SparkSession, settings: Settings) -> None:

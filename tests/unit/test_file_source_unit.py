@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from pyspark.sql.types import (
@@ -21,9 +23,14 @@ from pipelines.sources.files import (
     archive_folder,
     check_options,
     check_schema,
+    extra_columns,
+    hadoop_path,
     has_data_files,
     landing_folder,
     load_schema,
+    local_path,
+    partition_base,
+    prepare_batch,
     quote,
     store_schema,
     stream_options,
@@ -188,3 +195,81 @@ def test_an_empty_schema_is_rejected() -> None:
 def test_quote_takes_dots_and_backquotes_literally() -> None:
     assert quote("a.b") == "`a.b`"
     assert quote("we`ird") == "`we``ird`"
+
+
+# --- the per-micro-batch hook (Parquet rescue) ---------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_prepare_batch_returns_json_and_csv_batches_untouched(fmt: str) -> None:
+    """No Spark call at all: the batch object itself comes back (a stand-in proves it)."""
+    batch = cast(Any, object())
+    assert prepare_batch(batch, FileSource(path="in", format=fmt), SCHEMA) is batch
+
+
+def test_prepare_batch_needs_exactly_the_stream_columns() -> None:
+    """Called after ingestion columns were added, it fails before running any Spark job."""
+    columns = [*SCHEMA.fieldNames(), "_rescued_data", "source_file", "source_modified_at"]
+    batch = cast(Any, SimpleNamespace(columns=[*columns, "ingested_at"]))
+    with pytest.raises(ValueError, match="before adding ingestion columns"):
+        prepare_batch(batch, FileSource(path="in", format="parquet"), SCHEMA)
+
+
+def test_extra_columns_are_those_the_schema_lacks_in_file_order() -> None:
+    columns = ["zip", "id", "tags", "extra", "amount", "address"]
+    assert extra_columns(columns, SCHEMA, case_sensitive=False) == ["zip", "extra"]
+    assert extra_columns(["id", "amount"], SCHEMA, case_sensitive=False) == []
+
+
+def test_extra_columns_match_names_the_way_spark_reads_parquet() -> None:
+    """Case-insensitively by default (``ID`` reads into ``id``), exactly when case-sensitive."""
+    assert extra_columns(["ID", "Amount", "x"], SCHEMA, case_sensitive=False) == ["x"]
+    assert extra_columns(["ID", "Amount", "x"], SCHEMA, case_sensitive=True) == [
+        "ID",
+        "Amount",
+        "x",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("file:/lake/landing/a.parquet", Path("/lake/landing/a.parquet")),
+        ("file:///lake/landing/a.parquet", Path("/lake/landing/a.parquet")),
+        ("file://localhost/lake/a.parquet", Path("/lake/a.parquet")),
+        ("file:/lake/b%20extra%5B1%5D%25.parquet", Path("/lake/b extra[1]%.parquet")),
+        ("s3a://bucket/landing/a.parquet", None),
+        ("hdfs://nn:8020/landing/a.parquet", None),
+        ("file://otherhost/lake/a.parquet", None),
+    ],
+)
+def test_local_path_of_a_source_file_uri(uri: str, expected: Path | None) -> None:
+    assert local_path(uri) == expected
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("file:/lake/b%20extra%5B1%5D.parquet", "file:/lake/b extra[1].parquet"),
+        ("s3a://bucket/landing/a%20b.parquet", "s3a://bucket/landing/a b.parquet"),
+        ("hdfs://nn:8020/x/a.parquet", "hdfs://nn:8020/x/a.parquet"),
+    ],
+)
+def test_hadoop_path_decodes_the_uri_spark_reports(uri: str, expected: str) -> None:
+    assert hadoop_path(uri) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("file:/lake/landing/a.parquet", None),
+        ("file:/lake/landing/day=1/a.parquet", "file:/lake/landing"),
+        ("file:/lake/landing/date=2024-01-01/h=3/a.parquet", "file:/lake/landing"),
+        ("s3a://bucket/landing/day=1/a=b.parquet", "s3a://bucket/landing"),
+        ("file:/lake/day=1/sub/a.parquet", None),  # only trailing key=value folders count
+    ],
+)
+def test_partition_base_is_the_folder_above_key_value_folders(
+    path: str, expected: str | None
+) -> None:
+    assert partition_base(path) == expected
