@@ -11,13 +11,15 @@ replays the batch on restart, with the same offsets and the same batch id, and D
 
 Each batch first checks that this application still holds the flow's lease
 (:class:`~pipelines.lease.LeaseGuard`), so a writer that lost its lease never commits again.
-After the write, the batch's :class:`BatchCommit` says what Delta actually did: the version it
-committed and the rows that commit added (its ``numOutputRows`` metric), or that the batch was a
-replay Delta skipped.
+After the write, the batch's :class:`BatchCommit` says what Delta actually did, read from the
+commit file itself: the version that carries this batch's transaction id and the rows it added
+(its ``numOutputRows`` metric), or, when the write added no commit, that the batch was a replay
+Delta skipped.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -50,12 +52,33 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:
     return dict(row["properties"] or {}) if row is not None else {}
 
 
-def commit_rows_added(spark: SparkSession, path: str, version: int) -> int:
-    """``numOutputRows`` of the commit that created ``version`` (read from the Delta log)."""
-    history: Any = DeltaTable.forPath(spark, path).history(1).first()
-    if history is None or int(history["version"]) != version:
-        return 0
-    return int((history["operationMetrics"] or {}).get("numOutputRows", 0))
+def commit_actions(spark: SparkSession, table_path: str, version: int) -> list[dict[str, Any]]:
+    """The actions of the Delta commit ``version``, read from ``_delta_log`` with no Spark job.
+
+    Goes through Hadoop's FileSystem, so it reads wherever Spark can (local, HDFS, object stores).
+    """
+    jvm: Any = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{table_path}/_delta_log/{version:020d}.json")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.open(path)
+    try:
+        text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def find_commit(
+    spark: SparkSession, table_path: str, versions: range, app_id: str, batch_id: int
+) -> tuple[int, int] | None:
+    """(version, rows added) of the commit in ``versions`` that carries txn (app_id, batch_id)."""
+    for version in versions:
+        actions = commit_actions(spark, table_path, version)
+        txns = [a["txn"] for a in actions if "txn" in a]
+        if any(t.get("appId") == app_id and int(t.get("version", -1)) == batch_id for t in txns):
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            return version, int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
+    return None
 
 
 class BronzeStage:
@@ -131,16 +154,20 @@ class BronzeStage:
         spark = batch.sparkSession
         before = delta_version(spark, self.table_path)
         frame = with_ingestion_columns(self.reader.prepare_batch(batch))
+        app_id = self.identity.txn_app_id
         writer = (
             frame.write.format("delta")
             .mode("append")
-            .option("txnAppId", self.identity.txn_app_id)
+            .option("txnAppId", app_id)
             .option("txnVersion", str(batch_id))
         )
         if self.spec.target.partition_by:
             writer = writer.partitionBy(*self.spec.target.partition_by)
         writer.save(self.table_path)
         after = delta_version(spark, self.table_path)
-        replayed = after == before
-        rows = 0 if replayed or after is None else commit_rows_added(spark, self.table_path, after)
-        self.on_commit(BatchCommit(self.spec.name, batch_id, after, rows, replayed))
+        # Versions committed by this write, if any: a replay Delta skipped adds none, even when
+        # the newest commit is that very batch's first attempt.
+        new_versions = range((-1 if before is None else before) + 1, (after or 0) + 1)
+        found = find_commit(spark, self.table_path, new_versions, app_id, batch_id)
+        version, rows = found if found is not None else (after, 0)
+        self.on_commit(BatchCommit(self.spec.name, batch_id, version, rows, found is None))

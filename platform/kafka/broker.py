@@ -51,6 +51,8 @@ LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 JVM_OPTIONS = ("-Xmx512m", "-Xms256m", "-XX:+UseG1GC")
 LOG_TAIL_LINES = 30
 PROBE_SECONDS = 2.0
+#: Largest record batch the local broker accepts (``message.max.bytes``), see render_properties.
+MAX_RECORD_BYTES = 8 * 1024 * 1024
 
 
 class BrokerError(RuntimeError):
@@ -108,6 +110,14 @@ def render_properties(port: int, controller_port: int, data_dir: Path) -> str:
 
     The controller quorum is a static voter set of one node, so the controller port may change
     between restarts without touching the stored metadata.
+
+    Record size: Kafka's default ``message.max.bytes`` (about 1 MB) rejects larger records with
+    ``MSG_SIZE_TOO_LARGE``. Bronze keeps whatever bytes a source sends, so the local broker accepts
+    record batches up to :data:`MAX_RECORD_BYTES` (8 MiB); a topic may lower it with its own
+    ``max.message.bytes``. ``replica.fetch.max.bytes`` is raised to match: with one node nothing
+    is replicated, but a follower must always be able to fetch the largest batch the leader
+    accepts, so the two stay consistent if the broker ever grows a replica. Consumers are not
+    limited by it (a fetch always returns at least one whole batch, whatever its size).
     """
     values = {
         "process.roles": "broker,controller",
@@ -128,6 +138,8 @@ def render_properties(port: int, controller_port: int, data_dir: Path) -> str:
         "share.coordinator.state.topic.replication.factor": 1,
         "share.coordinator.state.topic.min.isr": 1,
         "group.initial.rebalance.delay.ms": 0,
+        "message.max.bytes": MAX_RECORD_BYTES,
+        "replica.fetch.max.bytes": MAX_RECORD_BYTES,
     }
     header = "# Written by platform/kafka/broker.py on every start: edits are overwritten.\n"
     return header + "".join(f"{key}={value}\n" for key, value in values.items())

@@ -51,6 +51,7 @@ def test_properties_describe_a_combined_single_node(tmp_path: Path) -> None:
     assert props["log.dirs"] == str(tmp_path / "data")
     assert props["offsets.topic.replication.factor"] == "1"
     assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["message.max.bytes"] == props["replica.fetch.max.bytes"] == str(8 * 1024 * 1024)
 
 
 def test_cluster_id_is_a_kafka_uuid() -> None:

@@ -1,0 +1,375 @@
+"""Source faults on the real broker and the real Spark: what bronze does when the Kafka side misbehaves.
+
+* a record of 5 MB (the broker accepts up to 8 MB, see ``platform/kafka/broker.py``) lands byte for
+  byte, as read by Spark and, independently, by delta-rs (the ``deltalake`` package);
+* partitions added to a topic while a continuous flow runs are read from their first offset;
+* a deleted topic fails the run, whether it was deleted between runs or during one, and nothing that
+  was already committed is duplicated;
+* a broker restart in the middle of a continuous run: the stream recovers by itself, and every record
+  lands exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable as DeltaRsTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.locations import FlowLocations
+from pipelines.progress import BatchProgress
+from pipelines.reporting import PROGRESS_PREFIX, Reporter
+from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec, load_spec, parse_spec
+from tests.integration.test_bronze_exactly_once import write_spec
+from tests.support.kafka import (
+    LARGE_RECORD_PRODUCER_CONFIG,
+    LARGE_RECORD_TOPIC_CONFIG,
+    add_partitions,
+    create_topic,
+    delete_topic,
+    end_offsets,
+    order_payloads,
+    produce,
+    wait_topic_deleted,
+)
+from tests.support.runner import RunnerProcess
+from tests.support.runtime import BrokerCli, KafkaBroker, settings_env
+
+#: What Spark 4.1.3 reports when a subscribed topic no longer exists. Its Kafka source plans each
+#: micro-batch by describing the subscribed topics with an admin client
+#: (``SubscribeStrategy.assignedTopicPartitions``, from ``KafkaMicroBatchStream.latestOffset``);
+#: the broker answers UNKNOWN_TOPIC_OR_PARTITION, Spark retries three times a second apart
+#: (``fetchOffset.numRetries``) and fails the query. It never reaches its ``failOnDataLoss``
+#: check, so the failure does not depend on that option.
+DELETED_TOPIC_ERROR = (
+    "org.apache.kafka.common.errors.UnknownTopicOrPartitionException: "
+    "This server does not host this topic-partition."
+)
+
+
+class RecordingReporter(Reporter):
+    """A real reporter that also keeps the batches and errors it reported, for assertions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[str] = []
+        self.batches: list[BatchProgress] = []
+
+    def error(self, message: str) -> None:
+        super().error(message)
+        self.errors.append(message)
+
+    def batch(self, progress: BatchProgress) -> None:
+        super().batch(progress)
+        self.batches.append(progress)
+
+    @property
+    def rows(self) -> int:
+        return sum(b.input_rows for b in list(self.batches))
+
+
+class BackgroundFlow:
+    """``run_flows`` on the shared session in a thread, stopped through its stop file."""
+
+    def __init__(self, spec: FlowSpec, settings: Settings, spark: SparkSession, stop_file: Path):
+        self.reporter = RecordingReporter()
+        self._stop_file = stop_file
+        self.code: int | None = None
+        self.error: BaseException | None = None
+        stop = StopRequest(stop_file)
+
+        def run() -> None:
+            try:
+                self.code = run_flows([spec], settings, self.reporter, stop, spark=spark)
+            except BaseException as exc:  # surfaced by finish()
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, name=f"flow-{spec.name}", daemon=True)
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.thread.is_alive(), f"the flow ended ({self.code}) before {what}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+            time.sleep(0.2)
+
+    def join(self, timeout: float) -> int:
+        """Wait for the flow to end by itself; return its exit code."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the flow still runs after {timeout:.0f} s"
+        if self.error is not None:
+            raise self.error
+        assert self.code is not None
+        return self.code
+
+    def finish(self, timeout: float = 180) -> int:
+        """Request a graceful stop and wait for it; return the exit code."""
+        self._stop_file.touch()
+        return self.join(timeout)
+
+
+@contextmanager
+def background_flow(
+    spec: FlowSpec, settings: Settings, spark: SparkSession, tmp_path: Path
+) -> Iterator[BackgroundFlow]:
+    flow = BackgroundFlow(spec, settings, spark, tmp_path / f"{spec.name}.stop")
+    flow.thread.start()
+    try:
+        yield flow
+    finally:  # whatever happened, never leave a query running on the shared session
+        flow._stop_file.touch()
+        flow.thread.join(180)
+
+
+def kafka_spec(name: str, topic: str, trigger: dict[str, str] | None = None, **source: Any):
+    spec: dict[str, Any] = {
+        "name": name,
+        "source": {"kind": "kafka", "topics": [topic], **source},
+        "target": {"table": f"bronze_{name}"},
+    }
+    if trigger:
+        spec["trigger"] = trigger
+    return parse_spec(spec)
+
+
+def table_of(spec: FlowSpec, settings: Settings) -> str:
+    return str(FlowLocations.of(spec, settings).table)
+
+
+def assert_every_record_once(spark: SparkSession, table: str, expected: dict[int, int]) -> None:
+    """Bronze holds offsets 0 .. end-1 of every partition exactly once (``expected``: ends)."""
+    per_partition = {
+        r.partition: (r.rows, r.distinct_offsets, r.first, r.last)
+        for r in spark.read.format("delta")
+        .load(table)
+        .groupBy("partition")
+        .agg(
+            F.count("*").alias("rows"),
+            F.countDistinct("offset").alias("distinct_offsets"),
+            F.min("offset").alias("first"),
+            F.max("offset").alias("last"),
+        )
+        .collect()
+    }
+    assert per_partition == {p: (end, end, 0, end - 1) for p, end in expected.items() if end}
+
+
+class TestLargeRecord:
+    def test_a_5_mb_record_lands_byte_for_byte(
+        self, spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker
+    ) -> None:
+        bootstrap, topic = kafka_broker.bootstrap_servers, "large_records"
+        create_topic(bootstrap, topic, partitions=1, config=LARGE_RECORD_TOPIC_CONFIG)
+        large = (os.urandom(64 * 1024), os.urandom(5 * 1024 * 1024))  # incompressible
+        records: list[tuple[bytes | None, bytes | None]] = [
+            (b"before", b"small"),
+            large,
+            (None, b"after"),
+        ]
+        produce(bootstrap, topic, records, config=LARGE_RECORD_PRODUCER_CONFIG)
+        spec = kafka_spec("large_records", topic)
+
+        code = run_flows(
+            [spec], spark_settings, RecordingReporter(), StopRequest(None), spark=spark
+        )
+
+        assert code == EXIT_OK
+        table = table_of(spec, spark_settings)
+        rows = spark.read.format("delta").load(table).orderBy("offset").collect()
+        by_spark = [(_bytes(r.key), _bytes(r.value)) for r in rows]
+        assert [r.offset for r in rows] == [0, 1, 2]
+        assert by_spark == records
+        arrow = DeltaRsTable(table).to_pyarrow_table().sort_by("offset")
+        by_delta_rs = list(zip(arrow["key"].to_pylist(), arrow["value"].to_pylist(), strict=True))
+        assert arrow["offset"].to_pylist() == [0, 1, 2]
+        assert by_delta_rs == records
+        assert len(by_delta_rs[1][1]) == 5 * 1024 * 1024
+
+
+def _bytes(value: bytes | bytearray | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+class TestPartitionsAdded:
+    def test_new_partitions_are_read_from_offset_zero_while_the_flow_runs(
+        self,
+        spark: SparkSession,
+        spark_settings: Settings,
+        kafka_broker: KafkaBroker,
+        tmp_path: Path,
+    ) -> None:
+        bootstrap, topic = kafka_broker.bootstrap_servers, "grown_topic"
+        create_topic(bootstrap, topic, partitions=2)
+        produce(bootstrap, topic, order_payloads(400))
+        # A few seconds between triggers: the new partitions and their records exist before the
+        # next micro-batch is planned, which is when Spark discovers partitions. Had Spark started
+        # new partitions at their latest offset, those records would be skipped.
+        spec = kafka_spec(topic, topic, trigger={"mode": "continuous", "interval": "3 seconds"})
+
+        with background_flow(spec, spark_settings, spark, tmp_path) as flow:
+            flow.wait_until(lambda: flow.reporter.rows >= 400, 120, "first batch")
+            add_partitions(bootstrap, topic, 4)
+            for partition in (2, 3):
+                produce(bootstrap, topic, order_payloads(150, start=1000 * partition), partition)
+            produce(bootstrap, topic, order_payloads(200, start=10_000))  # all four partitions
+            expected = end_offsets(bootstrap, topic)
+            total = sum(expected.values())
+            flow.wait_until(lambda: flow.reporter.rows >= total, 120, f"{total} rows")
+            assert flow.finish() == EXIT_OK
+
+        assert total == 400 + 300 + 200 and expected[2] >= 150 and expected[3] >= 150
+        assert flow.reporter.rows == total
+        discovered = next(b for b in flow.reporter.batches if "2" in b.end_offsets[topic])
+        assert discovered.end_offsets[topic]["2"] > 0  # records were waiting when it was found
+        assert_every_record_once(spark, table_of(spec, spark_settings), expected)
+
+
+class TestDeletedTopic:
+    """The subscribed topic is deleted (and not recreated); ``fail_on_data_loss`` is the default."""
+
+    @pytest.mark.parametrize("when", ["between_runs", "while_running"])
+    def test_a_deleted_topic_fails_the_run_and_duplicates_nothing(
+        self,
+        spark: SparkSession,
+        spark_settings: Settings,
+        kafka_broker: KafkaBroker,
+        tmp_path: Path,
+        when: str,
+    ) -> None:
+        bootstrap, topic = kafka_broker.bootstrap_servers, f"deleted_{when}"
+        create_topic(bootstrap, topic, partitions=2)
+        produce(bootstrap, topic, order_payloads(300))
+        expected = end_offsets(bootstrap, topic)
+        spec = kafka_spec(topic, topic, trigger={"mode": "continuous", "interval": "1 second"})
+        assert spec.source.fail_on_data_loss is True
+
+        if when == "between_runs":
+            first = run_flows(
+                [spec], spark_settings, Reporter(), StopRequest(None), "available_now", spark=spark
+            )
+            assert first == EXIT_OK
+            delete_topic(bootstrap, topic)
+            wait_topic_deleted(bootstrap, topic)
+            reporter = RecordingReporter()
+            code = run_flows(
+                [spec], spark_settings, reporter, StopRequest(None), "available_now", spark=spark
+            )
+        else:
+            with background_flow(spec, spark_settings, spark, tmp_path) as flow:
+                flow.wait_until(lambda: flow.reporter.rows >= 300, 120, "first batch")
+                delete_topic(bootstrap, topic)
+                code = flow.join(timeout=120)  # it fails by itself, nobody asked it to stop
+            reporter = flow.reporter
+
+        assert code == EXIT_FAILED
+        assert len(reporter.errors) == 1
+        assert reporter.errors[0].startswith(f"flow {topic} failed: {DELETED_TOPIC_ERROR}")
+        assert_every_record_once(spark, table_of(spec, spark_settings), expected)
+
+
+def progress_after(output: str, marker: int) -> list[dict[str, Any]]:
+    """The progress lines printed after character ``marker`` of the runner's output."""
+    return [
+        json.loads(line.split(PROGRESS_PREFIX, 1)[1])
+        for line in output[marker:].splitlines()
+        if line.startswith(PROGRESS_PREFIX)
+    ]
+
+
+def offsets_total(offsets: Any, topic: str) -> int:
+    return sum(int(o) for o in (offsets or {}).get(topic, {}).values())
+
+
+class TestBrokerRestart:
+    def test_the_stream_survives_a_broker_restart_and_lands_every_record_once(
+        self,
+        spark: SparkSession,
+        spark_settings: Settings,
+        broker_cli: BrokerCli,
+        tmp_path: Path,
+    ) -> None:
+        broker_dir = tmp_path / "dedicated-broker"
+        started = broker_cli.run("start", "--timeout", "120", runtime_dir=broker_dir)
+        assert started.returncode == 0, broker_cli.describe(started)
+        state = broker_cli.parse(started)
+        bootstrap, topic = state["bootstrap_servers"], "restart_orders"
+        runner: RunnerProcess | None = None
+        try:
+            create_topic(bootstrap, topic, partitions=3)
+            records = order_payloads(20_000)
+            produce(bootstrap, topic, records)
+            spec_file = write_spec(
+                tmp_path / "flows",
+                {
+                    "name": "broker_restart",
+                    "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 5000},
+                    "target": {"table": "bronze_broker_restart"},
+                    "trigger": {"mode": "continuous", "interval": "1 second"},
+                },
+            )
+            settings = replace(spark_settings, kafka_bootstrap_servers=bootstrap)
+            runner = RunnerProcess([spec_file], settings_env(settings), tmp_path / "run.log")
+            assert runner.wait_for_progress(1, timeout=240), runner.output()[-3000:]
+
+            stopped = broker_cli.run("stop", runtime_dir=broker_dir, timeout=90)
+            assert stopped.returncode == 0, broker_cli.describe(stopped)
+            time.sleep(15)  # the broker stays down; the runner keeps retrying
+            assert runner.process.poll() is None, runner.output()[-3000:]
+            restarted = broker_cli.run(
+                "start",
+                *("--port", str(state["port"]), "--controller-port", str(state["controller_port"])),
+                *("--timeout", "120"),
+                runtime_dir=broker_dir,
+            )
+            assert restarted.returncode == 0, broker_cli.describe(restarted)
+            assert broker_cli.parse(restarted)["bootstrap_servers"] == bootstrap
+            marker = len(runner.output())
+            more = order_payloads(5_000, start=20_000)
+            produce(bootstrap, topic, more)
+            expected = end_offsets(bootstrap, topic)
+            assert sum(expected.values()) == 25_000  # the restarted broker kept the first 20 000
+
+            # Recovered by itself: the same process commits a batch planned after the restart,
+            # one that already sees the records produced then.
+            deadline = time.monotonic() + 180
+            while not any(
+                offsets_total(p["latest_offsets"], topic) == 25_000
+                for p in progress_after(runner.output(), marker)
+            ):
+                assert runner.process.poll() is None, runner.output()[-5000:]
+                assert time.monotonic() < deadline, runner.output()[-5000:]
+                time.sleep(0.5)
+            runner.terminate()
+            assert runner.wait(timeout=180) == EXIT_OK, runner.output()[-5000:]
+            assert "stopping gracefully (SIGTERM)" in runner.output()
+
+            # The rest in one available_now run (in-process: the shared session, same checkpoint).
+            spec = load_spec(spec_file)
+            final = run_flows(
+                [spec], settings, Reporter(), StopRequest(None), "available_now", spark=spark
+            )
+            assert final == EXIT_OK
+            table = table_of(spec, settings)
+            assert_every_record_once(spark, table, expected)
+            landed = spark.read.format("delta").load(table).select("key", "value").collect()
+            assert Counter((bytes(r.key), bytes(r.value)) for r in landed) == Counter(
+                records + more
+            )
+        finally:
+            if runner is not None and runner.process.poll() is None:
+                runner.kill()
+            stop = broker_cli.run("stop", runtime_dir=broker_dir, timeout=90)
+            assert stop.returncode == 0, broker_cli.describe(stop)
