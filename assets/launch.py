@@ -37,8 +37,8 @@ from dagster import (
 
 from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource
-from pipelines.launcher import FlowApplication, owner_process_gone, process_gone
-from pipelines.lease import LeaseHeldError, LeaseTerm
+from pipelines.launcher import FlowApplication
+from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
 from pipelines.settings import load_settings
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec

@@ -23,8 +23,7 @@ from dagster import (
     sensor,
 )
 
-from pipelines.launcher import process_gone
-from pipelines.lease import FileLeaseStore
+from pipelines.lease import FileLeaseStore, process_gone
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec

@@ -20,7 +20,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pipelines.lease import (
     held_leases,
     new_owner_id,
     owner_details,
+    owner_process_gone,
 )
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings, settings_environment
@@ -97,24 +97,6 @@ class SparkSubmit:
         if lease_owner:
             command += ["--lease-owner", lease_owner]
         return [*command, "--stop-file", str(stop_file)]
-
-
-def process_gone(host: str | None, pid: str | int | None) -> bool:
-    """Whether ``pid`` was a process on this host that no longer exists (False if unknown)."""
-    if host != socket.gethostname() or not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
-
-
-def owner_process_gone(term: LeaseTerm) -> bool:
-    """Whether the term's owner was a process on this host that no longer exists."""
-    return process_gone(term.details.get("host"), term.details.get("pid"))
 
 
 @dataclass

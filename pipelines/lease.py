@@ -62,6 +62,38 @@ def owner_details(**extra: str) -> dict[str, str]:
     return {"host": socket.gethostname(), "pid": str(os.getpid()), **extra}
 
 
+#: ``details["launcher"]`` of a runner that holds its own lease: its Spark driver is that process.
+IN_PROCESS_LAUNCHER = "pipelines.runner"
+
+
+def process_gone(host: str | None, pid: str | int | None) -> bool:
+    """Whether ``pid`` was a process on this host that no longer exists (False if unknown)."""
+    if host != socket.gethostname() or not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def owner_process_gone(term: LeaseTerm) -> bool:
+    """Whether the term's owner was a process on this host that no longer exists."""
+    return process_gone(term.details.get("host"), term.details.get("pid"))
+
+
+def dead_in_process_owner(term: LeaseTerm) -> bool:
+    """The owner was a runner holding its own lease, and its process is gone: so is its Spark
+    driver, and nothing can write any more. Its lease may be taken over without waiting.
+
+    A dead *launcher* is different: the Spark application it started may still run until it sees
+    the lease lapse, so a new owner waits for the expiry (``wait_for_expiry_of``).
+    """
+    return term.details.get("launcher") == IN_PROCESS_LAUNCHER and owner_process_gone(term)
+
+
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
@@ -195,12 +227,18 @@ class FlowLease:
 
         ``wait_for_expiry_of(term)``, when it returns True for the live owner's term (its owner
         is known to be gone, e.g. a finished Dagster run whose orphaned application is still
-        stopping), makes this call wait until that term expires instead of failing.
+        stopping), makes this call wait until that term expires instead of failing. The lease of
+        a dead runner that held it for itself is taken over at once (:func:`dead_in_process_owner`).
         """
         while True:
             current = self.store.latest()
             now = clock()
-            if current is not None and current.live(now) and current.owner != self.owner:
+            if (
+                current is not None
+                and current.live(now)
+                and current.owner != self.owner
+                and not dead_in_process_owner(current)
+            ):
                 if wait_for_expiry_of is not None and wait_for_expiry_of(current):
                     time.sleep(min(1.0, max(0.05, current.expires_at - now)))
                     continue

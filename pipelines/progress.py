@@ -86,7 +86,8 @@ class ProgressSink(Protocol):
 
 
 def _parse_offsets(raw: str | None) -> Any:
-    if not raw:
+    # PySpark renders a missing offset as the string "None" (str() of a null Java value).
+    if not raw or raw in ("None", "null"):
         return None
     try:
         return json.loads(raw)

@@ -36,6 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.errors import ConfigError
 from pipelines.lease import (
+    IN_PROCESS_LAUNCHER,
     FileLeaseStore,
     FlowLease,
     LeaseGuard,
@@ -171,7 +172,7 @@ def own_leases(specs: list[FlowSpec], settings: Settings) -> Iterator[str]:
             spec.name,
             FileLeaseStore(FlowLocations.of(spec, settings).lease_dir),
             owner,
-            owner_details(launcher="pipelines.runner"),
+            owner_details(launcher=IN_PROCESS_LAUNCHER),
             settings.lease_seconds,
         )
         for spec in specs
@@ -223,6 +224,7 @@ def _run_owned(
     for loc in locations.values():
         stop.watch(loc.stop_file(owner))
     reporter.track_status({n: loc.status_file for n, loc in locations.items()}, owner=owner)
+    own_session = spark is None
     spark = spark or get_spark_session("conflux-" + "-".join(s.name for s in specs), settings)
     tracker = ProgressTracker({n: str(loc.table) for n, loc in locations.items()}, reporter)
     spark.streams.addListener(tracker)
@@ -243,6 +245,8 @@ def _run_owned(
                 tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
     finally:
         spark.streams.removeListener(tracker)
+        if own_session:  # before Python exits, so no listener event is sent to a dead driver
+            spark.stop()
     if code == EXIT_OK:
         reporter.finished([t.summary() for t in tracker.totals.values()])
     return code

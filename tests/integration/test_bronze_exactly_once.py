@@ -1,25 +1,73 @@
-"""Bronze is exactly once: the driver is SIGKILLed at random moments and restarted, and the table
-still holds every source record exactly once."""
+"""Bronze is exactly once: the application is SIGKILLed where it matters and restarted, and the
+table still holds every source record exactly once.
+
+Kafka: the flow runs the way Dagster runs it, a ``spark-submit`` of the runner launched by
+:class:`~pipelines.launcher.FlowApplication`, and is killed three times (helpers in
+:mod:`tests.support.chaos`, which pause the process group and read the frozen state before each
+kill, so where every kill landed is recorded, not guessed):
+
+1. after a batch's Delta commit, before its commit-log entry: on restart the batch is replayed
+   and Delta skips it;
+2. in the middle of a batch (offsets logged, nothing committed): on restart it runs again and is
+   committed once;
+3. at a random moment.
+
+A final ``available_now`` run catches up. ``deltalake`` (delta-rs, independent of Spark) then reads
+the table, and the Delta log itself shows every transaction version committed exactly once.
+
+The scale comes from the environment, so the suite runs small and ``make chaos`` can run big:
+``CHAOS_RECORDS`` (default 20,000), ``CHAOS_MAX_OFFSETS_PER_TRIGGER`` (2,000),
+``CHAOS_RANDOM_KILLS`` (1); ``KILL_SEED`` replays a kill schedule (printed by every run).
+"""
+
+from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 import yaml
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from pipelines.launcher import FlowApplication
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
-from pipelines.spec import load_spec
+from pipelines.spec import FlowSpec, load_spec
+from tests.support.chaos import (
+    AFTER_DELTA_COMMIT,
+    MID_BATCH,
+    Aim,
+    ChaosError,
+    FlowFiles,
+    Landing,
+    ProcessGroup,
+    RunOutput,
+    kill_after_delta_commit,
+    kill_mid_batch,
+    kill_now,
+    seed_from_env,
+)
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runner import RunnerProcess
 from tests.support.runtime import KafkaBroker, settings_env
 
-RECORDS = 100_000
+RECORDS = int(os.environ.get("CHAOS_RECORDS", "20000"))
+MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("CHAOS_MAX_OFFSETS_PER_TRIGGER", "2000"))
+RANDOM_KILLS = int(os.environ.get("CHAOS_RANDOM_KILLS", "1"))
+#: Pauses allowed to aim for a window before the test gives up (each pause costs one batch).
+TRIES = 5
+#: The file-source test's kills.
 KILLS = 3
+REPLAY_LOG = "was a replay of a batch Delta had already committed; Delta skipped it"
 
 
 def write_spec(folder: Path, spec: dict) -> Path:
@@ -29,12 +77,144 @@ def write_spec(folder: Path, spec: dict) -> Path:
     return path
 
 
+@dataclass
+class Launches:
+    """Starts the flow's application again and again, as Dagster would, each with its own logs."""
+
+    spec: FlowSpec
+    settings: Settings
+    logs: Path
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+    @contextmanager
+    def run(self, name: str, trigger: str) -> Iterator[tuple[ProcessGroup, RunOutput]]:
+        """A FlowApplication; leaving it stops the application if it still runs, frees the lease."""
+        output = RunOutput(self.logs / f"{name}.out", self.logs / f"{name}.err")
+        started = time.monotonic()
+        with output.stdout.open("wb") as stdout, output.stderr.open("wb") as stderr:
+            application = FlowApplication(
+                [self.spec], self.settings, trigger=trigger, owner_kind="test",
+                stdout=stdout, stderr=stderr,
+            )  # fmt: skip
+            with application:
+                assert application.process is not None
+                yield ProcessGroup(application.process), output
+        self.timings.append((name, round(time.monotonic() - started, 1)))
+
+
+def check_restart(landing: Landing, files: FlowFiles, group: ProcessGroup, out: RunOutput) -> None:
+    """What the run after ``landing`` must show for the killed batch (if the kill hit one)."""
+    batch = landing.batch_id
+    if landing.kind == AFTER_DELTA_COMMIT:
+        progress = out.wait_for_batch(group, batch)
+        assert progress["replayed"] is True, progress
+        assert progress["rows_added"] == 0, progress
+        deadline = time.monotonic() + 30  # the log line follows the progress line
+        while f"batch {batch} {REPLAY_LOG}" not in out.text():
+            assert time.monotonic() < deadline, f"no replay log line for batch {batch}"
+            time.sleep(0.1)
+    elif landing.kind == MID_BATCH:
+        progress = out.wait_for_batch(group, batch)
+        assert progress["replayed"] is False, progress
+        assert progress["rows_added"] == progress["input_rows"] > 0, progress
+    else:
+        return
+    commits = files.delta_commits_of_batch(batch)
+    assert len(commits) == 1, f"batch {batch} ({landing}) is in Delta commits {commits}"
+    assert files.batch_committed(batch)
+
+
+class TestKafkaBronzeExactlyOnce:
+    def test_sigkill_in_the_commit_window_mid_batch_and_at_random(
+        self, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+    ) -> None:
+        seed = seed_from_env()
+        print(f"\nkill schedule seed: KILL_SEED={seed}")
+        rng = random.Random(seed)
+        topic = "exactly_once_orders"
+        create_topic(kafka_broker.bootstrap_servers, topic, partitions=3)
+        records = order_payloads(RECORDS)
+        produce(kafka_broker.bootstrap_servers, topic, records)
+        spec = load_spec(
+            write_spec(
+                tmp_path / "flows",
+                {
+                    "name": "eo_kafka",
+                    "source": {
+                        "kind": "kafka",
+                        "topics": [topic],
+                        "max_offsets_per_trigger": MAX_OFFSETS_PER_TRIGGER,
+                    },
+                    "target": {"table": "bronze_eo_kafka"},
+                    "trigger": {"mode": "continuous", "interval": "1 second"},
+                },
+            )
+        )
+        settings = replace(
+            spark_settings, spark_conf={"spark.ui.enabled": "false", **spark_settings.spark_conf}
+        )
+        files = FlowFiles.of(spec, settings)
+        launches = Launches(spec, settings, tmp_path)
+        window, mid_batch = Aim(AFTER_DELTA_COMMIT), Aim(MID_BATCH)
+        landings: list[Landing] = []
+
+        def report() -> None:
+            print(f"kills landed: {[(k.kind, k.batch_id) for k in landings]}")
+            for aim in (window, mid_batch):
+                print(f"  {aim.rate()}; misses (where the pause found the flow): {aim.misses}")
+            print(f"  runs (name, seconds): {launches.timings}  KILL_SEED={seed}")
+
+        try:
+            with launches.run("run-0", "continuous") as (group, out):
+                landings.append(kill_after_delta_commit(group, files, window, TRIES))
+            with launches.run("run-1", "continuous") as (group, out):
+                check_restart(landings[-1], files, group, out)
+                delay = lambda: rng.uniform(0.0, 0.3)  # noqa: E731
+                landings.append(kill_mid_batch(group, files, mid_batch, delay, TRIES))
+            for kill in range(RANDOM_KILLS):
+                with launches.run(f"run-{2 + kill}", "continuous") as (group, out):
+                    check_restart(landings[-1], files, group, out)
+                    time.sleep(rng.uniform(0.0, 3.0))
+                    assert group.running(), out.tail()
+                    landings.append(kill_now(group, files))
+            with launches.run("final", "available_now") as (group, out):
+                check_restart(landings[-1], files, group, out)
+                code = group.process.wait(timeout=600)
+                assert code == 0, out.tail()
+        except ChaosError:
+            report()
+            raise
+        report()
+
+        assert [k.kind for k in landings[:2]] == [AFTER_DELTA_COMMIT, MID_BATCH]
+        assert len(landings) == 2 + RANDOM_KILLS
+
+        # The Delta log: every transaction version in exactly one commit, one app id throughout.
+        txn_commits = files.txn_commits()
+        twice = {key: versions for key, versions in txn_commits.items() if len(versions) != 1}
+        assert not twice, f"transaction versions committed more than once: {twice}"
+        assert len({app for app, _version in txn_commits}) == 1, sorted(txn_commits)
+        assert sorted(v for _app, v in txn_commits) == files.committed_batches()
+
+        # The rows, read by delta-rs: every record once, byte for byte.
+        table = DeltaTable(str(files.table)).to_pyarrow_table(
+            columns=["topic", "partition", "offset", "key", "value"]
+        )
+        assert table.num_rows == RECORDS
+        coordinates = table.group_by(["topic", "partition", "offset"]).aggregate([])
+        assert coordinates.num_rows == RECORDS
+        assert pc.all(pc.equal(table["topic"], topic)).as_py()
+        landed = Counter(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True))
+        assert landed == Counter(records)
+
+
 def crash_and_restart(spec_file: Path, settings: Settings, logs: Path) -> Path:
     """Run the flow continuously, SIGKILL it at random moments, let it catch up; return the table."""
-    seed = random.randrange(1 << 30)
-    print(f"kill schedule seed: {seed}")
+    seed = seed_from_env()
+    print(f"kill schedule seed: KILL_SEED={seed}")
     rng = random.Random(seed)
     env = settings_env(settings)
+    locations = FlowLocations.of(load_spec(spec_file), settings)
     for attempt in range(KILLS):
         runner = RunnerProcess(
             [spec_file], env, logs / f"run-{attempt}.log", "--trigger", "continuous"
@@ -42,41 +222,10 @@ def crash_and_restart(spec_file: Path, settings: Settings, logs: Path) -> Path:
         runner.wait_for_progress(1, timeout=240)
         assert runner.process.poll() is None, runner.output()[-3000:]
         time.sleep(rng.uniform(0.0, 3.0))  # land the kill anywhere inside the following batches
-        runner.kill()
+        runner.kill()  # its own lease stays live; the restart takes it over (owner process gone)
     final = RunnerProcess([spec_file], env, logs / "final.log", "--trigger", "available_now")
     assert final.wait(timeout=600) == 0, final.output()[-5000:]
-    return FlowLocations.of(load_spec(spec_file), settings).table
-
-
-class TestKafkaBronzeExactlyOnce:
-    def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
-        self,
-        spark: SparkSession,
-        spark_settings: Settings,
-        kafka_broker: KafkaBroker,
-        tmp_path: Path,
-    ) -> None:
-        topic = "exactly_once_orders"
-        create_topic(kafka_broker.bootstrap_servers, topic, partitions=3)
-        records = order_payloads(RECORDS)
-        produce(kafka_broker.bootstrap_servers, topic, records)
-        spec_file = write_spec(
-            tmp_path / "flows",
-            {
-                "name": "eo_kafka",
-                "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 8000},
-                "target": {"table": "bronze_eo_kafka"},
-                "trigger": {"mode": "continuous", "interval": "1 second"},
-            },
-        )
-        table = crash_and_restart(spec_file, spark_settings, tmp_path)
-        bronze = spark.read.format("delta").load(str(table))
-        assert bronze.count() == RECORDS
-        assert bronze.select("topic", "partition", "offset").distinct().count() == RECORDS
-        landed = Counter(
-            (bytes(r.key), bytes(r.value)) for r in bronze.select("key", "value").collect()
-        )
-        assert landed == Counter(records)
+    return locations.table
 
 
 class TestFileBronzeExactlyOnce:
@@ -86,10 +235,10 @@ class TestFileBronzeExactlyOnce:
         landing = tmp_path / "landing"
         landing.mkdir()
         per_file = 1000
-        for index in range(RECORDS // per_file):
+        for index, start in enumerate(range(0, RECORDS, per_file)):
             lines = [
                 json.dumps({"order_id": i, "amount": i * 0.5})
-                for i in range(index * per_file, (index + 1) * per_file)
+                for i in range(start, min(start + per_file, RECORDS))
             ]
             (landing / f"orders-{index:04d}.json").write_text("\n".join(lines) + "\n")
         spec_file = write_spec(
@@ -114,4 +263,4 @@ class TestFileBronzeExactlyOnce:
         assert bronze.where("_rescued_data IS NOT NULL").count() == 0
 
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = pytest.mark.timeout(1800)  # 2 shared cores: a Spark start can take minutes

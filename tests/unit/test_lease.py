@@ -1,5 +1,6 @@
 """Flow leases on a real filesystem: conditional creates, takeover, renewal, loss (no JVM)."""
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.lease import (
+    IN_PROCESS_LAUNCHER,
     FileLeaseStore,
     FlowLease,
     LeaseGuard,
@@ -114,3 +116,17 @@ def test_waiting_for_a_dead_owner_takes_over_at_expiry(tmp_path: Path) -> None:
     started = time.monotonic()
     lease(tmp_path, "next").acquire(wait_for_expiry_of=lambda term: term.owner == "dead")
     assert 0.5 < time.monotonic() - started < 3
+
+
+def test_a_dead_runner_that_held_its_own_lease_is_taken_over_at_once(tmp_path: Path) -> None:
+    no_such_pid = "999999999"  # above the kernel's pid_max: never a live process
+    details = {"host": socket.gethostname(), "pid": no_such_pid, "launcher": IN_PROCESS_LAUNCHER}
+    FlowLease("orders", FileLeaseStore(tmp_path), "runner-dead", details).acquire()
+    started = time.monotonic()
+    lease(tmp_path, "next").acquire()
+    assert time.monotonic() - started < 1
+    # A dead launcher's lease is not: its Spark application may still run until it lapses.
+    launcher = {**details, "launcher": "cli"}
+    FlowLease("other", FileLeaseStore(tmp_path / "o"), "cli-dead", launcher).acquire()
+    with pytest.raises(LeaseHeldError):
+        lease(tmp_path / "o", "next").acquire()

@@ -1,0 +1,414 @@
+"""Kill a streaming application at a moment that matters, and prove where the kill landed.
+
+A SIGKILL "at a random moment" rarely lands in the one window exactly-once depends on: after the
+batch's Delta commit, before Structured Streaming's commit-log entry. The helpers here watch a
+flow's files (the Delta log, the checkpoint's ``offsets/`` and ``commits/``), freeze the whole
+application with ``SIGSTOP`` on its process group the moment something happens, read the frozen
+state, and only then decide: ``SIGKILL`` if the pause landed where wanted, ``SIGCONT`` and try
+again on a later batch otherwise. Because nothing moves between the read and the kill, the
+recorded :class:`Landing` is a fact, not a guess.
+
+Where a kill can land, for a batch ``B`` (the highest batch id in ``offsets/``):
+
+* :data:`AFTER_DELTA_COMMIT`: Delta holds a commit with ``txn.version == B``, ``commits/B`` is
+  absent. On restart the batch is replayed and Delta must skip it.
+* :data:`MID_BATCH`: ``offsets/B`` exists, no Delta commit has ``txn.version == B``, ``commits/B``
+  is absent. On restart the batch runs again and is committed once.
+* :data:`BETWEEN_BATCHES`: ``commits/B`` exists (the next batch is not planned yet).
+* :data:`BEFORE_FIRST_BATCH`: no batch was planned in this checkpoint yet.
+
+The application is expected in a process group of its own (``start_new_session=True``, as
+:class:`pipelines.launcher.FlowApplication` does): the ``spark-submit`` JVM leads the group and
+the Python driver is its child, so one ``killpg`` reaches both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.locations import FlowLocations
+from pipelines.reporting import PROGRESS_PREFIX
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec
+
+AFTER_DELTA_COMMIT = "after-delta-commit"
+MID_BATCH = "mid-batch"
+BETWEEN_BATCHES = "between-batches"
+BEFORE_FIRST_BATCH = "before-first-batch"
+
+#: How often the watchers look at the flow's folders (the window they aim for lasts ~0.1 s).
+POLL_SECONDS = 0.002
+_DELTA_COMMIT = re.compile(r"^(\d{20})\.json$")
+
+
+class ChaosError(AssertionError):
+    """The application did not reach the state a kill was waiting for (exited, or timed out)."""
+
+
+def seed_from_env(variable: str = "KILL_SEED") -> int:
+    """The kill schedule's seed: ``$KILL_SEED`` if set, else a fresh random one (print it)."""
+    value = os.environ.get(variable)
+    return int(value) if value else int.from_bytes(os.urandom(4), "big") >> 2
+
+
+# --- the flow's files -----------------------------------------------------------------------
+
+
+def _numbered(folder: Path, pattern: re.Pattern[str] | None = None) -> list[int]:
+    """Sorted numbers of the files in ``folder`` named by a number (or matching ``pattern``)."""
+    numbers = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if pattern is None:
+                    if entry.name.isdigit():
+                        numbers.append(int(entry.name))
+                else:
+                    match = pattern.match(entry.name)
+                    if match:
+                        numbers.append(int(match.group(1)))
+    except FileNotFoundError:
+        return []
+    return sorted(numbers)
+
+
+@dataclass(frozen=True)
+class FlowFiles:
+    """The files of one flow that tell how far a batch got: Delta log, offset log, commit log."""
+
+    table: Path
+    checkpoint: Path
+
+    @classmethod
+    def of(cls, spec: FlowSpec, settings: Settings) -> FlowFiles:
+        locations = FlowLocations.of(spec, settings)
+        return cls(locations.table, locations.checkpoint)
+
+    @property
+    def delta_log(self) -> Path:
+        return self.table / "_delta_log"
+
+    def delta_versions(self) -> list[int]:
+        """Versions with a commit file ``_delta_log/%020d.json``, ascending."""
+        return _numbered(self.delta_log, _DELTA_COMMIT)
+
+    def latest_delta_version(self) -> int:
+        versions = self.delta_versions()
+        return versions[-1] if versions else -1
+
+    def delta_commit(self, version: int) -> list[dict[str, Any]]:
+        """The actions of commit ``version``: one JSON object per line."""
+        path = self.delta_log / f"{version:020d}.json"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def delta_txn(self, version: int) -> tuple[str, int] | None:
+        """``(appId, version)`` of commit ``version``'s ``txn`` action, or None if it has none."""
+        for action in self.delta_commit(version):
+            txn = action.get("txn")
+            if txn is not None:
+                return str(txn["appId"]), int(txn["version"])
+        return None
+
+    def txn_commits(self) -> dict[tuple[str, int], list[int]]:
+        """Every ``(appId, txn version)`` in the Delta log, with the table versions carrying it."""
+        commits: dict[tuple[str, int], list[int]] = {}
+        for version in self.delta_versions():
+            for action in self.delta_commit(version):
+                txn = action.get("txn")
+                if txn is not None:
+                    key = (str(txn["appId"]), int(txn["version"]))
+                    commits.setdefault(key, []).append(version)
+        return commits
+
+    def delta_commits_of_batch(self, batch_id: int) -> list[int]:
+        """Table versions whose ``txn`` action has version ``batch_id`` (any app id)."""
+        return [
+            version
+            for (_app, txn_version), versions in self.txn_commits().items()
+            if txn_version == batch_id
+            for version in versions
+        ]
+
+    def planned_batches(self) -> list[int]:
+        """Batch ids in the checkpoint's offset log (``offsets/<id>``), ascending."""
+        return _numbered(self.checkpoint / "offsets")
+
+    def committed_batches(self) -> list[int]:
+        """Batch ids in the checkpoint's commit log (``commits/<id>``), ascending."""
+        return _numbered(self.checkpoint / "commits")
+
+    def offsets_logged(self, batch_id: int) -> bool:
+        return (self.checkpoint / "offsets" / str(batch_id)).exists()
+
+    def batch_committed(self, batch_id: int) -> bool:
+        return (self.checkpoint / "commits" / str(batch_id)).exists()
+
+    def where(self) -> tuple[str, int]:
+        """Where the flow is right now: ``(one of the landing kinds, batch id)``.
+
+        Only exact while the application is paused (or dead): the files keep changing otherwise.
+        """
+        planned = self.planned_batches()
+        if not planned:
+            return BEFORE_FIRST_BATCH, -1
+        batch = planned[-1]
+        if self.batch_committed(batch):
+            return BETWEEN_BATCHES, batch
+        if self.delta_commits_of_batch(batch):
+            return AFTER_DELTA_COMMIT, batch
+        return MID_BATCH, batch
+
+
+# --- the application's process group --------------------------------------------------------
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, read from ``/proc``."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path("/proc", name, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(name))
+    return members
+
+
+@dataclass
+class ProcessGroup:
+    """The process group an application leads: pause, resume, kill, all members at once."""
+
+    process: subprocess.Popen[Any]
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def pause(self) -> None:
+        os.killpg(self.pgid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGCONT)
+
+    def kill(self, timeout: float = 60.0) -> None:
+        """SIGKILL every member (a crash: no handler, no cleanup); wait until all are gone."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)
+        self.process.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while members := _group_members(self.pgid):
+            if time.monotonic() > deadline:
+                raise ChaosError(f"process group {self.pgid} still has members {members}")
+            time.sleep(0.05)
+
+
+# --- kills ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Landing:
+    """Where one kill landed: ``kind`` is one of the landing kinds, ``batch_id`` the batch."""
+
+    kind: str
+    batch_id: int
+    aimed_at: str
+    attempts: int = 1
+
+    def __str__(self) -> str:
+        return f"({self.kind}, {self.batch_id})"
+
+
+@dataclass
+class Aim:
+    """Counts of pauses made while aiming for one window, and how many landed in it."""
+
+    window: str
+    pauses: int = 0
+    hits: int = 0
+    misses: list[tuple[str, int]] = field(default_factory=list)
+
+    def rate(self) -> str:
+        return f"{self.window}: {self.hits}/{self.pauses} pauses landed in the window"
+
+
+@contextlib.contextmanager
+def _paused(group: ProcessGroup) -> Iterator[None]:
+    """Freeze the group for the block; it resumes afterwards unless the block killed it."""
+    group.pause()
+    try:
+        yield
+    finally:
+        if group.running():
+            group.resume()
+
+
+def _wait_until(group: ProcessGroup, ready: Callable[[], bool], deadline: float, what: str) -> None:
+    while not ready():
+        if not group.running():
+            raise ChaosError(f"the application exited (code {group.process.poll()}) {what}")
+        if time.monotonic() > deadline:
+            raise ChaosError(f"timed out {what}")
+        time.sleep(POLL_SECONDS)
+
+
+def kill_after_delta_commit(
+    group: ProcessGroup, files: FlowFiles, aim: Aim, tries: int = 8, timeout: float = 600.0
+) -> Landing:
+    """SIGKILL between a batch's Delta commit and its commit-log entry.
+
+    Polls ``_delta_log`` every :data:`POLL_SECONDS` for a commit newer than the current one
+    (version >= 1: version 0 creates the table). The moment one appears, the group is paused; the
+    commit's ``txn`` action names its batch ``B``. ``commits/B`` absent means the pause landed in
+    the window: kill. Present means it came too late: resume and wait for the next batch, at most
+    ``tries`` times. Raises :class:`ChaosError` if no pause landed in the window.
+    """
+    seen = max(files.latest_delta_version(), 0)
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, tries + 1):
+
+        def new_commit(after: int = seen) -> bool:
+            return files.latest_delta_version() > after
+
+        _wait_until(group, new_commit, deadline, f"waiting for a Delta commit after v{seen}")
+        with _paused(group):
+            aim.pauses += 1
+            version = files.latest_delta_version()
+            txn = files.delta_txn(version)
+            if txn is not None and not files.batch_committed(txn[1]):
+                group.kill()
+                aim.hits += 1
+                return Landing(AFTER_DELTA_COMMIT, txn[1], AFTER_DELTA_COMMIT, attempt)
+            aim.misses.append(files.where())
+        seen = version
+    raise ChaosError(f"no pause landed after a Delta commit in {tries} tries ({aim.rate()})")
+
+
+def kill_mid_batch(
+    group: ProcessGroup,
+    files: FlowFiles,
+    aim: Aim,
+    delay: Callable[[], float],
+    tries: int = 8,
+    timeout: float = 600.0,
+) -> Landing:
+    """SIGKILL while a planned batch runs: ``offsets/B`` written, no Delta commit, no ``commits/B``.
+
+    Waits for a new entry in the offset log, then ``delay()`` seconds more (to land inside the
+    batch's Spark jobs rather than at its very start), pauses the group and checks the state;
+    kills if it is mid-batch, else resumes and tries the next batch, at most ``tries`` times.
+    """
+    planned = files.planned_batches()
+    seen = planned[-1] if planned else -1
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, tries + 1):
+
+        def new_batch(after: int = seen) -> bool:
+            batches = files.planned_batches()
+            return bool(batches) and batches[-1] > after
+
+        _wait_until(group, new_batch, deadline, f"waiting for a batch after {seen}")
+        time.sleep(delay())
+        with _paused(group):
+            aim.pauses += 1
+            kind, batch = files.where()
+            if kind == MID_BATCH:
+                group.kill()
+                aim.hits += 1
+                return Landing(MID_BATCH, batch, MID_BATCH, attempt)
+            aim.misses.append((kind, batch))
+        seen = batch
+    raise ChaosError(f"no pause landed mid-batch in {tries} tries ({aim.rate()})")
+
+
+def kill_now(group: ProcessGroup, files: FlowFiles, aimed_at: str = "random") -> Landing:
+    """Pause the group, record where it is (:meth:`FlowFiles.where`), SIGKILL it."""
+    with _paused(group):
+        kind, batch = files.where()
+        group.kill()
+    return Landing(kind, batch, aimed_at)
+
+
+# --- what the runner reported ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """The stdout / stderr files of one run of the runner (JSON progress lines on stdout)."""
+
+    stdout: Path
+    stderr: Path
+
+    def progress(self) -> list[dict[str, Any]]:
+        """Every ``conflux.progress`` payload printed so far."""
+        if not self.stdout.exists():
+            return []
+        return [
+            json.loads(line[len(PROGRESS_PREFIX) :])
+            for line in self.stdout.read_text(errors="replace").splitlines()
+            if line.startswith(PROGRESS_PREFIX)
+        ]
+
+    def batch(self, batch_id: int) -> dict[str, Any] | None:
+        """The progress payload of ``batch_id``, if the run reported it."""
+        return next((p for p in self.progress() if p["batch_id"] == batch_id), None)
+
+    def _read(self, path: Path) -> str:
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def text(self) -> str:
+        """Everything the run printed, stdout then stderr.
+
+        The runner prints its log lines (``conflux: ...``) to its stderr, but under
+        ``spark-submit`` Spark's ``PythonRunner`` merges the Python driver's stderr into its own
+        stdout, so they arrive on the application's stdout; search both.
+        """
+        return self._read(self.stdout) + self._read(self.stderr)
+
+    def tail(self, chars: int = 4000) -> str:
+        out, err = self._read(self.stdout), self._read(self.stderr)
+        return f"--- stdout\n{out[-chars:]}\n--- stderr\n{err[-chars:]}"
+
+    def wait_for_batch(
+        self, group: ProcessGroup, batch_id: int, timeout: float = 600.0
+    ) -> dict[str, Any]:
+        """Block until the run reported ``batch_id``; return its progress payload."""
+        found: list[dict[str, Any]] = []
+
+        def reported() -> bool:
+            payload = self.batch(batch_id)
+            if payload is not None:
+                found.append(payload)
+            return bool(found)
+
+        deadline = time.monotonic() + timeout
+        while not reported():
+            if not group.running():
+                reported()
+                if found:
+                    break
+                raise ChaosError(
+                    f"the run exited ({group.process.poll()}) before reporting batch {batch_id}\n"
+                    + self.tail()
+                )
+            if time.monotonic() > deadline:
+                raise ChaosError(f"batch {batch_id} not reported in {timeout:.0f} s\n{self.tail()}")
+            time.sleep(0.1)
+        return found[0]
