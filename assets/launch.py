@@ -37,6 +37,7 @@ from dagster import (
 
 from assets.keys import bronze_key
 from assets.resources import SparkSubmitResource
+from assets.sensors import RUN_WORKER_TAG
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
 from pipelines.settings import load_settings
@@ -182,6 +183,9 @@ def run_flows(
     }
     monitor = RunMonitor(context, relays if continuous else {}, spark_submit.heartbeat_seconds)
     worker_pid = run_worker_pid(context)
+    context.instance.add_run_tags(
+        context.run_id, {RUN_WORKER_TAG: f"{socket.gethostname()}:{worker_pid}"}
+    )
     with open_pipes_session(
         context=context,
         context_injector=PipesEnvContextInjector(),

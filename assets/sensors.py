@@ -2,10 +2,11 @@
 
 ``conflux_dead_run_workers``: the default run launcher cannot tell that a run worker died, so a
 run whose worker was killed would stay STARTED forever, holding its flow's concurrency pool. The
-step that launches a flow records its run id and the run worker's pid in the flow's lease
-(:mod:`pipelines.lease`) and renews it. This sensor marks a STARTED run failed when that run
-worker's process is gone from this host, or (for a worker on another host) when the lease has
-been expired, unreleased, for a whole lease period. Failing the run frees the pool. The Spark
+step that launches a flow tags the run with its run worker's host and pid
+(:data:`RUN_WORKER_TAG`), and records the run in the flow's lease (:mod:`pipelines.lease`), which
+it renews. This sensor marks an active run failed when that run worker's process is gone from
+this host, or (for a worker on another host) when the run's lease has been expired, unreleased,
+for a whole lease period. Failing the run frees the pool. The Spark
 application does not outlive its launcher: a step whose run worker died stops it at once; a
 launcher killed outright stops renewing, and the application stops within one lease period.
 """
@@ -17,22 +18,25 @@ import time
 from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
     sensor,
 )
 
-from pipelines.lease import FileLeaseStore, process_gone
+from pipelines.lease import process_gone
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
-ACTIVE = (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED)
+ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+#: Run tag set by the launching step: ``<host>:<pid>`` of the run's worker process.
+RUN_WORKER_TAG = "conflux/run_worker"
 
 
 def dead_run_worker_sensor(specs: list[FlowSpec], settings: Settings) -> SensorDefinition:
-    lease_dirs = {spec.name: FlowLocations.of(spec, settings).lease_dir for spec in specs}
+    lease_stores = {spec.name: FlowLocations.of(spec, settings).lease_store() for spec in specs}
 
     @sensor(
         name="conflux_dead_run_workers",
@@ -41,24 +45,27 @@ def dead_run_worker_sensor(specs: list[FlowSpec], settings: Settings) -> SensorD
         description="Fails runs whose worker died (their flow lease lapsed), freeing the flow.",
     )
     def _dead_run_workers(context: SensorEvaluationContext) -> SkipReason:
-        failed = []
-        for flow, lease_dir in lease_dirs.items():
-            term = FileLeaseStore(lease_dir).latest()
+        dead: dict[str, str] = {}
+        for active in context.instance.get_runs(RunsFilter(statuses=ACTIVE), limit=500):
+            host, _, pid = active.tags.get(RUN_WORKER_TAG, "").rpartition(":")
+            if host and process_gone(host, pid):
+                dead[active.run_id] = f"its run worker (pid {pid} on {host}) is gone"
+        for flow, store in lease_stores.items():
+            term = store.latest()
             run_id = term.details.get("dagster_run_id") if term else None
-            if term is None or not run_id:
+            if term is None or not run_id or term.released or run_id in dead:
                 continue
-            worker_gone = process_gone(term.details.get("host"), term.details.get("run_worker_pid"))
-            lapsed = not term.released and term.expires_at + term.duration < time.time()
-            if not (worker_gone or lapsed):
-                continue
+            if term.expires_at + term.duration < time.time():  # a worker on another host
+                dead[run_id] = f"the lease of flow {flow} lapsed: {term.describe()}"
+        failed = []
+        for run_id, why in dead.items():
             run = context.instance.get_run_by_id(run_id)
             if run is None or run.status not in ACTIVE:
                 continue
             context.instance.report_run_failed(
                 run,
-                f"the run worker of flow {flow} is gone (lease {term.describe()}"
-                f"{', released' if term.released else ', not renewed'}). Its Spark application "
-                "stops by itself within one lease period; the next launch takes the flow over.",
+                f"the run worker died: {why}. Its Spark application stops by itself within one "
+                "lease period (CONFLUX_LEASE_SECONDS); the next launch takes the flow over.",
             )
             failed.append(run_id)
         return SkipReason(f"marked failed: {failed}" if failed else "every run worker is alive")

@@ -11,7 +11,9 @@ Exit codes: 0 ok, 1 the flow failed, 2 misconfiguration, 3 the flow is owned by 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,7 +26,7 @@ from typing import Any
 from pipelines.errors import ConfigError
 from pipelines.identity import read_identity, reset_flow
 from pipelines.launcher import FlowApplication
-from pipelines.lease import FileLeaseStore, LeaseHeldError, LeaseTerm
+from pipelines.lease import LeaseHeldError, LeaseTerm
 from pipelines.locations import FlowLocations, check_distinct_tables
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
@@ -47,7 +49,7 @@ def _spec(settings: Settings, name: str) -> FlowSpec:
 
 
 def _lease(spec: FlowSpec, settings: Settings) -> LeaseTerm | None:
-    return FileLeaseStore(FlowLocations.of(spec, settings).lease_dir).latest()
+    return FlowLocations.of(spec, settings).lease_store().latest()
 
 
 def _status(spec: FlowSpec, settings: Settings) -> dict[str, Any]:
@@ -142,7 +144,7 @@ class _ProgressBar:
 
 
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
-    specs = [_spec(settings, name) for name in args.flows]
+    specs = [_spec(settings, name) for name in dict.fromkeys(args.flows)]
     trigger = "continuous" if args.continuous else ("available_now" if args.once else None)
     application = FlowApplication(
         specs, settings, trigger=trigger, owner_kind="cli", stdout=subprocess.PIPE
@@ -161,7 +163,8 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
             )
             application.request_stop()
         elif application.process is not None:
-            application.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(application.process.pid, signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     bar = _ProgressBar([s.name for s in specs])
@@ -174,7 +177,8 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 bar.line(text)
                 sys.stdout.write(text)
                 sys.stdout.flush()
-            code = application.wait()
+            returncode = application.wait()
+            code = returncode if returncode >= 0 else 128 - returncode  # killed by a signal
     except LeaseHeldError as exc:
         print(f"conflux: {exc}", file=sys.stderr)
         return EXIT_LEASE

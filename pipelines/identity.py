@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -30,8 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipelines.errors import ConfigError
-from pipelines.lease import FileLeaseStore
-from pipelines.locations import FlowLocations
+from pipelines.lease import FlowLease, new_owner_id, owner_details
+from pipelines.locations import FlowLocations, write_json_atomically
 from pipelines.spec import FlowSpec
 
 FLOW_PROPERTY, FLOW_ID_PROPERTY, GENERATION_PROPERTY = (
@@ -94,12 +93,8 @@ def read_identity(locations: FlowLocations) -> FlowIdentity | None:
 
 
 def write_identity(locations: FlowLocations, identity: FlowIdentity) -> None:
-    """Replace the identity file atomically (write aside, then rename)."""
-    locations.flow_dir.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=locations.flow_dir, prefix=".identity-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(asdict(identity), handle, indent=2, sort_keys=True)
-    os.replace(scratch, locations.identity_file)
+    """Replace the identity file atomically."""
+    write_json_atomically(locations.identity_file, asdict(identity))
 
 
 def checkpoint_has_commits(checkpoint: Path) -> bool:
@@ -150,9 +145,16 @@ def resolve_identity(
             return replace(identity, adopt_table=False), True
         if table_properties.get(FLOW_ID_PROPERTY) is None:
             raise _foreign_table(where, table_path, reset_hint)
-        if table_properties.get(FLOW_ID_PROPERTY) != identity.flow_id or table_properties.get(
+        if table_properties.get(FLOW_ID_PROPERTY) == identity.flow_id and table_properties.get(
             GENERATION_PROPERTY
         ) != str(identity.generation):
+            raise IdentityError(
+                f"{where}: the table {table_path} was last written by generation "
+                f"{table_properties.get(GENERATION_PROPERTY)} of this flow, but the checkpoint is "
+                f"generation {identity.generation}: an older checkpoint or identity.json was "
+                f"restored. Restore the matching one, or run {reset_hint}."
+            )
+        if table_properties.get(FLOW_ID_PROPERTY) != identity.flow_id:
             raise IdentityError(
                 f"{where}: the table {table_path} is owned by flow "
                 f"{table_properties.get(FLOW_PROPERTY)} (flow id "
@@ -174,6 +176,18 @@ def resolve_identity(
         if committed:  # a checkpoint and table from before flows recorded their identity
             return new_identity, True
         raise _foreign_table(where, table_path, reset_hint)
+    if owner == spec.name and committed and table_properties.get(FLOW_ID_PROPERTY):
+        # identity.json was lost, the checkpoint and the table are this flow's: rebuild it
+        # from the table, keeping the transaction app id, so replays are still skipped.
+        rebuilt = FlowIdentity(
+            flow=spec.name,
+            flow_id=table_properties[FLOW_ID_PROPERTY],
+            table=spec.target.table,
+            table_path=table_path,
+            generation=int(table_properties.get(GENERATION_PROPERTY, "0")),
+            created_at=new_identity.created_at,
+        )
+        return rebuilt, False
     if owner != spec.name:
         raise IdentityError(
             f"{where}: the table {table_path} belongs to flow {owner} (its {FLOW_PROPERTY} "
@@ -183,8 +197,7 @@ def resolve_identity(
             "(re-reads the source from its starting_offsets into this table)."
         )
     raise IdentityError(
-        f"{where}: the checkpoint {locations.checkpoint} (and {locations.identity_file}) is "
-        f"missing, but the table {table_path} holds this flow's data: starting again would "
+        f"{where}: the checkpoint {locations.checkpoint} has no committed batch, but the table {table_path} holds this flow's data: starting again would "
         "re-read the source from its starting_offsets and duplicate rows. Restore the "
         f"checkpoint folder, or start a new checkpoint generation with {reset_hint}."
     )
@@ -205,14 +218,17 @@ def reset_flow(spec: FlowSpec, locations: FlowLocations) -> FlowIdentity:
     app id and stamps the table (created if missing) with the new identity.
 
     Raises:
-        LeaseHeldError-like IdentityError: the flow is running (a live lease is held).
+        LeaseHeldError: the flow is running; reset takes the flow's lease for its duration.
     """
-    term = FileLeaseStore(locations.lease_dir).latest()
-    if term is not None and term.live():
-        raise IdentityError(
-            f"flow {spec.name} is running (lease {term.describe()}): stop it first "
-            f"(`conflux stop {spec.name}`), then reset"
-        )
+    lease = FlowLease(spec.name, locations.lease_store(), new_owner_id("reset"), owner_details())
+    lease.acquire()
+    try:
+        return _reset(spec, locations)
+    finally:
+        lease.release()
+
+
+def _reset(spec: FlowSpec, locations: FlowLocations) -> FlowIdentity:
     old = read_identity(locations)
     generation = (old.generation + 1) if old is not None else 1
     if locations.checkpoint.exists():

@@ -31,9 +31,7 @@ from typing import IO, Any
 
 from pipelines.errors import ConfigError
 from pipelines.lease import (
-    FileLeaseStore,
     FlowLease,
-    LeaseKeeper,
     LeaseTerm,
     held_leases,
     new_owner_id,
@@ -127,6 +125,9 @@ class FlowApplication:
 
     def __post_init__(self) -> None:
         self.owner = new_owner_id(self.owner_kind)
+        # Exists before anything starts, so a stop requested while the leases are still being
+        # taken is seen by the runner as soon as it starts.
+        self._scratch = Path(tempfile.mkdtemp(prefix="conflux-launch-"))
 
     @property
     def stop_file(self) -> Path:
@@ -145,7 +146,7 @@ class FlowApplication:
         leases = [
             FlowLease(
                 spec.name,
-                FileLeaseStore(FlowLocations.of(spec, self.settings).lease_dir),
+                FlowLocations.of(spec, self.settings).lease_store(),
                 self.owner,
                 owner_details(launcher=self.owner_kind, **self.details),
                 self.settings.lease_seconds,
@@ -153,10 +154,10 @@ class FlowApplication:
             for spec in self.specs
         ]
         try:
-            self._keeper: LeaseKeeper = self._stack.enter_context(
+            self._stack.callback(shutil.rmtree, self._scratch, ignore_errors=True)
+            self._stack.enter_context(
                 held_leases(leases, self.wait_for_expiry_of, self.on_lease_lost)
             )
-            self._scratch = Path(self._stack.enter_context(tempfile.TemporaryDirectory()))
             env = {
                 **settings_environment(self.settings),
                 **self.spark_submit.environment(),

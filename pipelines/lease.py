@@ -194,11 +194,18 @@ class FileLeaseStore:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.link(scratch, self._path(term.term))  # fails if the term exists: the CAS
-            return True
         except FileExistsError:
             return False
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.folder}: cannot create lease files ({exc}); leases need a filesystem "
+                "with hard links (local disk, NFS): point CONFLUX_RUNTIME_DIR at one"
+            ) from exc
         finally:
             os.unlink(scratch)
+        # A contender that read a term long ago may find its successor pruned and create it
+        # again: that term is not the newest, so it did not win.
+        return self._terms()[-1] == term.term
 
     def prune(self, below: int) -> None:
         for number in self._terms():
@@ -285,6 +292,10 @@ class FlowLease:
             ):
                 self.term = None
 
+    def term_still_safe(self) -> bool:
+        """Whether this owner's last known term has more than a third of its duration left."""
+        return self.term is not None and self.term.live(margin=self.term.duration / 3)
+
     def _held(self) -> LeaseTerm:
         current = self.store.latest()
         if self.term is None or current is None or current.term != self.term.term:
@@ -305,10 +316,14 @@ class LeaseGuard:
         """The live term held by ``owner``, or raise :class:`LeaseLostError` saying why not."""
         term = self.store.latest()
         if term is None or term.owner != self.owner:
-            holder = term.describe() if term else "nobody"
+            state = "nobody" if term is None else term.describe()
+            if term is not None and not term.live():
+                state += " (released)" if term.released else " (expired)"
             raise LeaseLostError(
-                f"flow {self.flow}: the lease is not held by {self.owner}; it is held by {holder}"
+                f"flow {self.flow}: the lease is no longer {self.owner}'s; its last term: {state}"
             )
+        if term.released:
+            raise LeaseLostError(f"flow {self.flow}: {self.owner} released the lease")
         if not term.live(margin=term.duration / 3):
             raise LeaseLostError(
                 f"flow {self.flow}: the lease of {self.owner} expires at "
@@ -321,33 +336,42 @@ class LeaseGuard:
 
 
 class LeaseKeeper:
-    """Renews leases in a daemon thread every third of their duration until closed.
+    """Renews the leases it holds in a daemon thread, every third of their duration, until closed.
 
-    ``on_lost`` is called once (from the thread) if a renewal finds the lease gone.
+    Leases join with :meth:`add` as soon as they are acquired, so a lease taken first keeps being
+    renewed while a later one waits. A renewal that fails for a passing reason (an I/O error of
+    the lease store) is retried at the next period; a lease found lost is dropped and reported
+    once through ``on_lost`` (called from the thread), and the others go on being renewed.
     """
 
-    def __init__(
-        self, leases: list[FlowLease], on_lost: Callable[[str], None] | None = None
-    ) -> None:
-        self.leases = leases
-        self.lost: str | None = None
+    def __init__(self, period: float, on_lost: Callable[[str], None] | None = None) -> None:
+        self.leases: list[FlowLease] = []
+        self._lock = threading.Lock()
         self._on_lost = on_lost
         self._stop = threading.Event()
-        period = min(lease.duration for lease in leases) / 3 if leases else 1.0
         self._thread = threading.Thread(
             target=self._run, args=(period,), name="conflux-lease-keeper", daemon=True
         )
 
+    def add(self, lease: FlowLease) -> None:
+        with self._lock:
+            self.leases.append(lease)
+
     def _run(self, period: float) -> None:
         while not self._stop.wait(period):
-            for lease in self.leases:
+            with self._lock:
+                leases = list(self.leases)
+            for lease in leases:
                 try:
                     lease.renew()
                 except LeaseLostError as exc:
-                    self.lost = str(exc)
+                    with self._lock:
+                        self.leases.remove(lease)
                     if self._on_lost is not None:
-                        self._on_lost(self.lost)
-                    return
+                        self._on_lost(str(exc))
+                except (OSError, ValueError, ConfigError) as exc:
+                    if self._on_lost is not None and not lease.term_still_safe():
+                        self._on_lost(f"flow {lease.flow}: cannot renew the lease: {exc}")
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
@@ -356,8 +380,9 @@ class LeaseKeeper:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        for lease in self.leases:
-            lease.release()
+        with self._lock:
+            for lease in self.leases:
+                lease.release()
 
 
 @contextlib.contextmanager
@@ -367,14 +392,9 @@ def held_leases(
     on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[LeaseKeeper]:
     """Acquire every lease (all or none), keep renewing them, release them on exit."""
-    acquired: list[FlowLease] = []
-    try:
+    period = min((lease.duration for lease in leases), default=3.0) / 3
+    with LeaseKeeper(period, on_lost) as keeper:
         for lease in leases:
-            lease.acquire(wait_for_expiry_of)
-            acquired.append(lease)
-    except BaseException:
-        for lease in acquired:
-            lease.release()
-        raise
-    with LeaseKeeper(acquired, on_lost) as keeper:
+            lease.acquire(wait_for_expiry_of)  # on an error, the keeper releases those it holds
+            keeper.add(lease)
         yield keeper

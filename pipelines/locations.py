@@ -14,10 +14,16 @@ owns outside its table lives in one folder per flow, ``<checkpoints>/<flow>/``::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pipelines.lease import FileLeaseStore
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, SpecError
 
@@ -59,6 +65,9 @@ class FlowLocations:
     def lease_dir(self) -> Path:
         return self.flow_dir / "_lease"
 
+    def lease_store(self) -> FileLeaseStore:
+        return FileLeaseStore(self.lease_dir)
+
     @property
     def control_dir(self) -> Path:
         return self.flow_dir / "_control"
@@ -88,3 +97,19 @@ def check_distinct_tables(specs: Iterable[FlowSpec], settings: Settings) -> None
                 f"{other.name} ({other.spec_file}) writes too; give each flow its own table"
             )
         seen[table] = spec
+
+
+def write_json_atomically(path: Path, payload: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``payload`` so that a reader never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, default=str, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(scratch)
+        raise

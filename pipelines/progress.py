@@ -165,8 +165,10 @@ class ProgressTracker(StreamingQueryListener):
         totals = self.totals.get(progress.name)
         if totals is None:
             return
+        ran = "addBatch" in (progress.durationMs or {})  # an idle trigger runs no batch
         with self._lock:
-            commit = self._commits.pop((progress.name, int(progress.batchId)), None)
+            key = (progress.name, int(progress.batchId))
+            commit = self._commits.pop(key, None) if ran else None
             batch = self._batch_progress(progress, commit)
             totals.last_batch_id = max(totals.last_batch_id, batch.batch_id)
             totals.lag = batch.lag

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from pipelines.locations import write_json_atomically
 from pipelines.progress import BatchProgress
 
 PROGRESS_PREFIX = "conflux.progress "
@@ -25,15 +25,6 @@ SUMMARY_PREFIX = "conflux.summary "
 
 def _line(prefix: str, payload: dict[str, Any]) -> str:
     return prefix + json.dumps(payload, default=str, sort_keys=True)
-
-
-def write_json_atomically(path: Path, payload: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``payload`` so that a reader never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle, default=str, sort_keys=True)
-    os.replace(scratch, path)
 
 
 class Reporter:

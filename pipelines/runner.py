@@ -37,7 +37,6 @@ from pyspark.sql.streaming import StreamingQuery
 from pipelines.errors import ConfigError
 from pipelines.lease import (
     IN_PROCESS_LAUNCHER,
-    FileLeaseStore,
     FlowLease,
     LeaseGuard,
     LeaseHeldError,
@@ -143,10 +142,15 @@ def supervise(
         if failure is not None:
             name, error = failure
             reporter.error(f"flow {name} failed: {error}")
+            lease_lost = LeaseLostError.__name__ in error  # raised inside a batch (foreachBatch)
             for query in queries.values():
-                if query.isActive:
+                if not query.isActive:
+                    continue
+                if lease_lost:
+                    query.stop()  # no waiting: the lease may pass to a new owner soon
+                else:
                     stop_after_inflight_batch(query)
-            return EXIT_LEASE if LeaseLostError.__name__ in error else EXIT_FAILED
+            return EXIT_LEASE if lease_lost else EXIT_FAILED
         if all_ended:
             return EXIT_OK
         lost = lease_problem(guards)
@@ -170,7 +174,7 @@ def own_leases(specs: list[FlowSpec], settings: Settings) -> Iterator[str]:
     leases = [
         FlowLease(
             spec.name,
-            FileLeaseStore(FlowLocations.of(spec, settings).lease_dir),
+            FlowLocations.of(spec, settings).lease_store(),
             owner,
             owner_details(launcher=IN_PROCESS_LAUNCHER),
             settings.lease_seconds,
@@ -215,10 +219,7 @@ def _run_owned(
     owner: str,
 ) -> int:
     locations = {s.name: FlowLocations.of(s, settings) for s in specs}
-    guards = {
-        name: LeaseGuard(name, FileLeaseStore(loc.lease_dir), owner)
-        for name, loc in locations.items()
-    }
+    guards = {name: LeaseGuard(name, loc.lease_store(), owner) for name, loc in locations.items()}
     for guard in guards.values():
         guard.check()  # before Spark starts
     for loc in locations.values():

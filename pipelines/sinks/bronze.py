@@ -9,8 +9,10 @@ Delta records the pair in the same commit as the rows and skips a write whose ve
 holds for that app id. A process killed after the Delta commit but before the commit-log entry
 replays the batch on restart, with the same offsets and the same batch id, and Delta skips it.
 
-Each batch first checks that this application still holds the flow's lease
-(:class:`~pipelines.lease.LeaseGuard`), so a writer that lost its lease never commits again.
+Each batch first checks that this application still holds the flow's lease, with a third of its
+duration to spare (:class:`~pipelines.lease.LeaseGuard`), and the runner checks it every half
+second and stops the queries when it is lost; should a stale writer's batch still commit, its
+transaction id makes the new owner's replay of that batch a no-op.
 After the write, the batch's :class:`BatchCommit` says what Delta actually did, read from the
 commit file itself: the version that carries this batch's transaction id and the rows it added
 (its ``numOutputRows`` metric), or, when the write added no commit, that the batch was a replay
@@ -169,5 +171,5 @@ class BronzeStage:
         # the newest commit is that very batch's first attempt.
         new_versions = range((-1 if before is None else before) + 1, (after or 0) + 1)
         found = find_commit(spark, self.table_path, new_versions, app_id, batch_id)
-        version, rows = found if found is not None else (after, 0)
+        version, rows = found if found is not None else (None, 0)
         self.on_commit(BatchCommit(self.spec.name, batch_id, version, rows, found is None))

@@ -1,7 +1,8 @@
 """Sources: each kind of source is a :class:`SourceReader`, found by its spec's type.
 
 Adding a kind of source means a spec dataclass (``pipelines/spec.py``), a module here with its
-reader, and one entry in :data:`READERS`; nothing else dispatches on the kind.
+reader, and one entry in :data:`READERS`; on the data plane nothing else dispatches on the kind
+(the control plane names the source's external asset in ``assets/flows.py::source_specs``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pipelines.identity import (
     resolve_identity,
     write_identity,
 )
-from pipelines.lease import FileLeaseStore, FlowLease
+from pipelines.lease import FileLeaseStore, FlowLease, LeaseHeldError
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import parse_spec
@@ -62,8 +62,25 @@ def test_a_renamed_flow_is_refused_with_the_way_out(settings: Settings) -> None:
 def test_a_deleted_checkpoint_beside_its_table_is_refused(settings: Settings) -> None:
     locations = FlowLocations.of(spec(), settings)
     identity, _ = resolve_identity(spec(), locations, None)
-    with pytest.raises(IdentityError, match=r"checkpoint .* is missing, but the table"):
+    with pytest.raises(IdentityError, match=r"checkpoint .* has no committed batch, but the table"):
         resolve_identity(spec(), locations, identity.table_properties())
+
+
+def test_a_lost_identity_file_is_rebuilt_from_the_table(settings: Settings) -> None:
+    locations = FlowLocations.of(spec(), settings)
+    identity, _ = resolve_identity(spec(), locations, None)
+    commit_a_batch(locations)  # identity.json never written (or lost), the checkpoint committed
+    rebuilt, stamp = resolve_identity(spec(), locations, identity.table_properties())
+    assert not stamp and rebuilt.txn_app_id == identity.txn_app_id
+
+
+def test_a_restored_older_generation_is_named(settings: Settings) -> None:
+    locations = FlowLocations.of(spec(), settings)
+    identity, _ = resolve_identity(spec(), locations, None)
+    write_identity(locations, identity)
+    newer = {**identity.table_properties(), GENERATION_PROPERTY: "2"}
+    with pytest.raises(IdentityError, match="last written by generation 2 of this flow"):
+        resolve_identity(spec(), locations, newer)
 
 
 def test_a_deleted_table_with_committed_batches_is_refused(settings: Settings) -> None:
@@ -122,5 +139,5 @@ def test_reset_archives_the_checkpoint_and_bumps_the_generation(settings: Settin
 def test_reset_is_refused_while_the_flow_runs(settings: Settings) -> None:
     locations = FlowLocations.of(spec(), settings)
     FlowLease("orders", FileLeaseStore(locations.lease_dir), "cli-1").acquire()
-    with pytest.raises(IdentityError, match="is running"):
+    with pytest.raises(LeaseHeldError, match="flow orders is already running"):
         reset_flow(spec(), locations)
