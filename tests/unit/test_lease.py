@@ -99,7 +99,7 @@ def test_guard_stops_before_expiry_within_the_safety_margin(tmp_path: Path) -> N
     time.sleep(2.1)  # a third of the duration left: not safe to start another batch
     with pytest.raises(LeaseLostError, match="was not renewed"):
         guard.check()
-    with pytest.raises(LeaseLostError, match="no longer someone-else.s"):
+    with pytest.raises(LeaseLostError, match="no longer someone-else's"):
         LeaseGuard("orders", FileLeaseStore(tmp_path), "someone-else").check()
 
 
