@@ -204,28 +204,33 @@ def run_flows(
             on_lease_lost=context.log.error,
             graceful_stop_seconds=spark_submit.graceful_stop_seconds,
         )
-        with ExitStack() as running:
-            try:
-                running.enter_context(application)  # stopped and its leases freed on exit
-            except LeaseHeldError as exc:
-                raise Failure(description=str(exc)) from exc
-            context.log.info(
-                f"launching (lease owner {application.owner}): "
-                f"{' '.join(loggable(application.command()))}"
-            )
-            try:
-                while application.poll() is None:
-                    monitor.poll(session.get_custom_messages())
-                    if process_gone(socket.gethostname(), worker_pid):
-                        raise RunWorkerGoneError(
-                            f"the run worker (pid {worker_pid}) died: stopping the flows"
-                        )
-                    time.sleep(1.0)
-            except BaseException:
-                context.log.info("run terminated: stopping the streams after their in-flight batch")
-                raise
+        try:
+            with ExitStack() as running:
+                try:
+                    running.enter_context(application)  # stopped and its leases freed on exit
+                except LeaseHeldError as exc:
+                    raise Failure(description=str(exc)) from exc
+                context.log.info(
+                    f"launching (lease owner {application.owner}): "
+                    f"{' '.join(loggable(application.command()))}"
+                )
+                try:
+                    while application.poll() is None:
+                        monitor.poll(session.get_custom_messages())
+                        if process_gone(socket.gethostname(), worker_pid):
+                            raise RunWorkerGoneError(
+                                f"the run worker (pid {worker_pid}) died: stopping the flows"
+                            )
+                        time.sleep(1.0)
+                except BaseException:
+                    context.log.info(
+                        "run terminated: stopping the streams after their in-flight batch"
+                    )
+                    raise
+        finally:
+            # Also after a terminate: the batch that committed while stopping is reported.
+            monitor.poll(session.get_custom_messages(), final=True)
         returncode = application.wait()
-        monitor.poll(session.get_custom_messages(), final=True)
         if returncode != 0:
             raise Failure(
                 description=(

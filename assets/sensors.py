@@ -1,14 +1,16 @@
 """Sensors of the control plane.
 
-``conflux_dead_run_workers``: the default run launcher cannot tell that a run worker died, so a
-run whose worker was killed would stay STARTED forever, holding its flow's concurrency pool. The
-step that launches a flow tags the run with its run worker's host and pid
-(:data:`RUN_WORKER_TAG`), and records the run in the flow's lease (:mod:`pipelines.lease`), which
-it renews. This sensor marks an active run failed when that run worker's process is gone from
-this host, or (for a worker on another host) when the run's lease has been expired, unreleased,
-for a whole lease period. Failing the run frees the pool. The Spark
-application does not outlive its launcher: a step whose run worker died stops it at once; a
-launcher killed outright stops renewing, and the application stops within one lease period.
+``conflux_dead_run_workers``: a run whose worker died must not stay STARTED and hold its flow's
+concurrency pool. Under ``dagster dev`` the code server that spawned a run worker notices a
+SIGKILL itself and fails the run within a second (tested in ``tests/e2e/test_dead_run_worker.py``);
+nothing does when that code server is gone too (restarted, or the worker's host lost), and the
+default run launcher cannot check run-worker health. The step that launches a flow tags the run
+with its run worker's host and pid (:data:`RUN_WORKER_TAG`) and records the run in the flow's
+lease (:mod:`pipelines.lease`), which it renews. This sensor marks an active run failed when that
+run worker's process is gone from this host, or (for a worker on another host) when the run's
+lease has been expired, unreleased, for a whole lease period; failing the run frees the pool. The
+Spark application does not outlive its launcher: a step whose run worker died stops it at once,
+and a launcher killed outright stops renewing, so the application stops within one lease period.
 """
 
 from __future__ import annotations

@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             reporter.error(str(exc))
             raise SystemExit(EXIT_CONFIG) from exc
+        except Exception as exc:  # e.g. a Spark error while a query starts: say so, then fail
+            reporter.error(f"flows {', '.join(p.stem for p in args.spec)} failed to start: {exc}")
+            raise SystemExit(EXIT_FAILED) from exc
         if code != EXIT_OK:
             raise SystemExit(code)  # under Pipes, closing the context reports the failure
     return code

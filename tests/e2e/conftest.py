@@ -2,18 +2,24 @@
 
 ``conflux_env`` points the whole process (and so every spark-submit child) at a test runtime
 folder, the session broker and a test flows folder, through the same CONFLUX_* variables a user
-sets.
+sets. ``dagster_ui`` is ONE real `dagster dev` (web UI + daemon) shared by every e2e module, with
+the same variables, its own flows folder (``ui_flows``) and a short flow lease
+(:data:`LEASE_SECONDS`), so a dead run worker is noticed quickly.
 """
 
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.settings import Settings
+from tests.support.dagster_ui import DagsterUI, dagster_dev
 from tests.support.runtime import settings_env
 
 HERE = Path(__file__).resolve().parent
+#: CONFLUX_LEASE_SECONDS of the `dagster dev` runs: renewed every third, an orphan stops within it.
+LEASE_SECONDS = 10.0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,4 +38,46 @@ def conflux_env(spark_settings: Settings, tmp_path: Path) -> Iterator[Path]:
             if key.startswith("CONFLUX_"):
                 patch.setenv(key, value)
         patch.setenv("CONFLUX_FLOWS_DIR", str(flows))
+        patch.setenv("CONFLUX_LEASE_SECONDS", str(LEASE_SECONDS))
         yield flows
+
+
+@pytest.fixture(scope="package")
+def ui_flows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The flows folder of the shared `dagster dev`: tests add specs, then ``DagsterUI.reload``."""
+    return tmp_path_factory.mktemp("ui-flows")
+
+
+@pytest.fixture(scope="package")
+def dagster_ui(
+    spark_settings: Settings, ui_flows: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DagsterUI]:
+    """`dagster dev` on a free loopback port with its own instance folder, for the whole package."""
+    env = {
+        **settings_env(spark_settings),
+        "CONFLUX_FLOWS_DIR": str(ui_flows),
+        "CONFLUX_LEASE_SECONDS": str(LEASE_SECONDS),
+    }
+    with dagster_dev(env, tmp_path_factory.mktemp("dagster_home")) as ui:
+        yield ui
+
+
+def write_continuous_flow(flows: Path, name: str, topic: str, max_offsets_per_trigger: int) -> Path:
+    """A continuous Kafka flow from the earliest offset, small batches; returns the spec file."""
+    spec = flows / f"{name}.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "source": {
+                    "kind": "kafka",
+                    "topics": [topic],
+                    "starting_offsets": "earliest",
+                    "max_offsets_per_trigger": max_offsets_per_trigger,
+                },
+                "target": {"table": f"bronze_{name}"},
+                "trigger": {"mode": "continuous", "interval": "1 second"},
+            }
+        )
+    )
+    return spec

@@ -1,4 +1,6 @@
-"""Dagster launches flows as real spark-submit applications through Pipes and reports truthfully."""
+"""Dagster launches flows as real spark-submit applications through Pipes and reports truthfully:
+what a run's materialization says is what delta-rs finds in the table, and a Spark failure fails
+the run with Spark's own error text."""
 
 from pathlib import Path
 
@@ -6,6 +8,11 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
 
 from assets.definitions import build_definitions
+from pipelines.locations import FlowLocations
+from pipelines.settings import load_settings
+from pipelines.spec import load_spec
+from tests.e2e.bronze_check import assert_exactly_once, bronze_version, read_bronze
+from tests.support.dagster_ui import event_text
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runtime import KafkaBroker
 
@@ -30,48 +37,67 @@ def materialize_bronze(table: str, instance: DagsterInstance, raise_on_error: bo
     )
 
 
-def test_available_now_materialization_carries_rows_version_and_offsets(
+def test_available_now_materialization_matches_the_delta_table(
     conflux_env: Path, kafka_broker: KafkaBroker
 ) -> None:
+    records = order_payloads(3000)
     create_topic(kafka_broker.bootstrap_servers, "e2e_orders", partitions=2)
-    produce(kafka_broker.bootstrap_servers, "e2e_orders", order_payloads(3000))
+    produce(kafka_broker.bootstrap_servers, "e2e_orders", records)
     write_flow(conflux_env, "e2e_orders", "e2e_orders")
+    table = FlowLocations.of(load_spec(conflux_env / "e2e_orders.yaml"), load_settings()).table
 
     with DagsterInstance.ephemeral() as instance:
         result = materialize_bronze("bronze_e2e_orders", instance)
         assert result.success
-        [event] = result.asset_materializations_for_node("bronze_flows")
+        [event] = result.asset_materializations_for_node("flow_e2e_orders")
         metadata = {k: v.value for k, v in event.metadata.items()}
-        assert metadata["rows_written"] == 3000
-        assert metadata["delta_version"] >= 0
-        assert sum(metadata["end_offsets"]["e2e_orders"].values()) == 3000
-        assert metadata["lag"] == 0
 
-        # A second run has nothing new to read, and says so.
+        # The table, read by delta-rs, holds exactly what the event says the run wrote.
+        rows = read_bronze(table)
+        assert metadata["rows_written"] == rows.num_rows == 3000
+        assert metadata["delta_version"] == bronze_version(table)
+        assert metadata["lag"] == 0
+        end = {int(p): int(o) for p, o in metadata["end_offsets"]["e2e_orders"].items()}
+        written: dict[int, list[int]] = {}
+        for partition, offset in zip(
+            rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
+        ):
+            written.setdefault(partition, []).append(offset)
+        assert {p: max(o) + 1 for p, o in written.items()} == end
+        assert {p: len(o) for p, o in written.items()} == end  # offsets 0..end-1, each once
+        assert_exactly_once(table, records)
+
+        # A second run has nothing new to read, says so, and leaves the table as it was.
+        version = bronze_version(table)
         again = materialize_bronze("bronze_e2e_orders", instance)
-        [event] = again.asset_materializations_for_node("bronze_flows")
+        [event] = again.asset_materializations_for_node("flow_e2e_orders")
         assert event.metadata["rows_written"].value == 0
+        assert bronze_version(table) == version
+        assert read_bronze(table).num_rows == 3000
 
 
 def test_spark_failure_fails_the_run_with_the_spark_error(
     conflux_env: Path, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
+    """The target path is a plain file: Delta refuses it, and Dagster shows Delta's own words."""
     create_topic(kafka_broker.bootstrap_servers, "e2e_failing", partitions=1)
     produce(kafka_broker.bootstrap_servers, "e2e_failing", order_payloads(10))
-    not_a_directory = tmp_path / "occupied"
-    not_a_directory.write_text("a plain file where the Delta table should go")
-    write_flow(conflux_env, "e2e_failing", "e2e_failing", path=str(not_a_directory))
+    occupied = tmp_path / "occupied"
+    occupied.write_text("a plain file where the Delta table should go")
+    write_flow(conflux_env, "e2e_failing", "e2e_failing", path=str(occupied))
+    # What Delta 4.4 says when a table's location is a plain file (DeltaTableBuilder.execute).
+    spark_error = f"[DELTA_MISSING_DELTA_TABLE] `{occupied}` is not a Delta table."
 
     with DagsterInstance.ephemeral() as instance:
         result = materialize_bronze("bronze_e2e_failing", instance, raise_on_error=False)
         assert not result.success
-        failures = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
-        message = failures[0].step_failure_data.error.message
-        assert "exited with code 1" in message
-        assert "flow e2e_failing failed" in message
-        logged = [
-            r.user_message
-            for r in instance.all_logs(result.run_id)
-            if r.user_message and "flow e2e_failing failed" in r.user_message
-        ]
-        assert logged, "the Spark error must be in the run's event log"
+        [failure] = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+        message = failure.step_failure_data.error.message
+        assert "the Spark application exited with code 1" in message
+        assert "flows e2e_failing failed to start" in message
+        assert spark_error in message, message
+        logged = [event_text(r) for r in instance.all_logs(result.run_id)]
+        assert any(spark_error in m for m in logged), (
+            "the Spark error must be in the run's event log:\n" + "\n".join(logged)
+        )
+        assert occupied.read_text() == "a plain file where the Delta table should go"

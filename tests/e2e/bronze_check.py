@@ -1,0 +1,43 @@
+"""Reading bronze tables independently of Spark: delta-rs (the ``deltalake`` package) opens the
+Delta log and the Parquet files itself, so a check never trusts the engine that wrote them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+
+def read_bronze(
+    table: Path, columns: tuple[str, ...] = ("partition", "offset", "value")
+) -> pa.Table:
+    return DeltaTable(str(table)).to_pyarrow_table(columns=list(columns))
+
+
+def bronze_version(table: Path) -> int:
+    return int(DeltaTable(str(table)).version())
+
+
+def bronze_rows(table: Path) -> int:
+    """Rows in the table now (0 before its first commit)."""
+    if not (table / "_delta_log").is_dir():
+        return 0
+    return read_bronze(table, ("offset",)).num_rows
+
+
+def assert_exactly_once(table: Path, produced: list[tuple[bytes, bytes]]) -> None:
+    """Every produced record is in the table once: no loss, no duplicate, values unchanged."""
+    rows = read_bronze(table)
+    coordinates = Counter(
+        zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True)
+    )
+    duplicated = {c: n for c, n in coordinates.items() if n > 1}
+    assert not duplicated, (
+        f"{len(duplicated)} (partition, offset) written twice: {list(duplicated)[:5]}"
+    )
+    assert rows.num_rows == len(produced), (
+        f"table holds {rows.num_rows} rows, {len(produced)} produced"
+    )
+    assert Counter(rows["value"].to_pylist()) == Counter(value for _key, value in produced)
