@@ -239,7 +239,7 @@ def _parse_files(r: _Reader) -> FileSource:
     if fmt not in FILE_FORMATS:
         raise r.error("format", f"unknown format {fmt!r}; known: {', '.join(FILE_FORMATS)}")
     return FileSource(
-        path=r.get("path", str, required=True),
+        path=str(_local_path(r, "path", r.get("path", str, required=True))),
         format=fmt,
         max_files_per_trigger=r.positive("max_files_per_trigger"),
         archive_dir=r.get("archive_dir", str),
@@ -259,9 +259,21 @@ def _parse_target(r: _Reader) -> Target:
             )
     return Target(
         table=r.identifier("table", r.get("table", str, required=True)),
-        path=r.get("path", str),
+        path=_local_path(r, "path", r.get("path", str)),
         partition_by=partition_by,
     )
+
+
+def _local_path(r: _Reader, key: str, value: str | None) -> str | None:
+    """Paths are local or on a mounted shared filesystem for now: the lease, identity and stop
+    files beside a flow's checkpoint need one. Refuse a URI instead of misreading it."""
+    if value is not None and "://" in value:
+        raise r.error(
+            key,
+            f"{value!r} is a URI; Conflux reads and writes local or mounted paths only so far "
+            "(mount the bucket, e.g. with a FUSE or NFS gateway, and give its path)",
+        )
+    return value
 
 
 def _parse_trigger(top: _Reader) -> Trigger:

@@ -111,3 +111,14 @@ def test_files_source_cannot_partition_by_topic() -> None:
             },
             where="flows/x.yaml",
         )
+
+
+def test_a_uri_path_is_refused_instead_of_misread() -> None:
+    with pytest.raises(SpecError, match=r"target\.path: 's3a://lake/orders' is a URI"):
+        parse_spec(
+            {
+                "name": "orders",
+                "source": {"kind": "kafka", "topics": ["orders"]},
+                "target": {"table": "orders", "path": "s3a://lake/orders"},
+            }
+        )
