@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
+from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
+from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
 from tests.e2e.conftest import write_continuous_flow
 from tests.support.dagster_ui import (
@@ -58,11 +60,10 @@ def test_terminate_from_the_ui_commits_the_batch_in_flight_and_queues_a_second_r
     records = order_payloads(RECORDS)
     create_topic(bootstrap, name, partitions=2)
     produce(bootstrap, name, records)  # a backlog: each micro-batch takes 2 x BATCH of it
-    write_continuous_flow(ui_flows, name, name, max_offsets_per_trigger=BATCH)
+    spec_file = write_continuous_flow(ui_flows, name, name, max_offsets_per_trigger=BATCH)
     ui.reload()
-    checkpoint = spark_settings.checkpoints_dir / name / f"bronze_{name}"
-    lease_dir = spark_settings.checkpoints_dir / name / "_lease"
-    table = spark_settings.lake_dir / "bronze" / f"bronze_{name}"
+    locations = FlowLocations.of(load_spec(spec_file), spark_settings)
+    checkpoint, lease_dir, table = locations.checkpoint, locations.lease_dir, locations.table
 
     first = ui.submit(f"run_{name}", RUN_CONFIG)
     ui.wait_status(first, DagsterRunStatus.STARTED, 300)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
+from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
+from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
 from tests.e2e.conftest import LEASE_SECONDS, write_continuous_flow
 from tests.support.dagster_ui import (
@@ -39,11 +41,10 @@ def test_sigkilled_run_worker_fails_the_run_and_its_orphan_stops_by_itself(
     records = order_payloads(FIRST)
     create_topic(bootstrap, name, partitions=2)
     produce(bootstrap, name, records)
-    write_continuous_flow(ui_flows, name, name, max_offsets_per_trigger=100)
+    spec_file = write_continuous_flow(ui_flows, name, name, max_offsets_per_trigger=100)
     ui.reload()
-    checkpoint = spark_settings.checkpoints_dir / name / f"bronze_{name}"
-    lease_dir = spark_settings.checkpoints_dir / name / "_lease"
-    table = spark_settings.lake_dir / "bronze" / f"bronze_{name}"
+    locations = FlowLocations.of(load_spec(spec_file), spark_settings)
+    checkpoint, lease_dir, table = locations.checkpoint, locations.lease_dir, locations.table
 
     first = ui.submit(f"run_{name}", RUN_CONFIG)
     ui.wait_status(first, DagsterRunStatus.STARTED, 300)
