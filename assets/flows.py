@@ -1,13 +1,17 @@
 """Flow specs become assets: each source is an external asset upstream of its bronze table.
 
-Each flow is one multi-asset (its tables; the stages after bronze join it), run as ONE Spark
-application, in its own concurrency pool ``conflux/flow/<name>`` (limit 1, checked per run: see
+Each flow is one multi-asset of its tables (bronze; with a ``silver:`` section also the silver
+events, the quarantine and, if declared, the current-state table: bronze -> events -> current,
+bronze -> quarantine), run as ONE Spark application: a run always runs the whole flow, so the
+multi-asset cannot be subset, and a job selects all of a flow's assets. Each flow runs in its
+own concurrency pool ``conflux/flow/<name>`` (limit 1, checked per run: see
 ``platform/dagster/dagster.yaml``), so Dagster queues a second run of a flow before any process
 starts. The flow's lease (:mod:`pipelines.lease`) is the guard that holds everywhere else: a
 launch from the CLI, another Dagster instance, an in-process ``materialize``.
 """
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from dagster import (
     AssetExecutionContext,
@@ -21,12 +25,20 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.keys import bronze_key
+from assets.keys import bronze_key, flow_table_keys
 from assets.launch import run_flows
 from assets.resources import SparkSubmitResource
 from pipelines.locations import FlowLocations
+from pipelines.locations import silver_table_path as locations_silver_table_path
 from pipelines.settings import Settings
-from pipelines.spec import TRIGGER_MODES, FileSource, FlowSpec, KafkaSource
+from pipelines.spec import (
+    TRIGGER_MODES,
+    CurrentSpec,
+    FileSource,
+    FlowSpec,
+    KafkaSource,
+    SilverTable,
+)
 
 
 class FlowRunConfig(Config):
@@ -79,17 +91,113 @@ def bronze_spec(spec: FlowSpec, settings: Settings) -> AssetSpec:
     )
 
 
+def silver_table_path(spec: FlowSpec, settings: Settings, table: str) -> Path:
+    """Where the flow's silver table ``table`` (events, quarantine or current) lives."""
+    silver = spec.silver
+    assert silver is not None, f"flow {spec.name} has no silver section"
+    declared: list[SilverTable | CurrentSpec] = [silver.events, silver.quarantine]
+    if silver.current is not None:
+        declared.append(silver.current)
+    path = next((entry.path for entry in declared if entry.table == table), None)
+    return locations_silver_table_path(settings, table, path)
+
+
+def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
+    """The flow's silver tables: events (from bronze), current (from events), quarantine."""
+    silver = spec.silver
+    if silver is None:
+        return []
+    keys = flow_table_keys(spec)
+    bronze = keys["bronze"]
+    common = {
+        "flow": spec.name,
+        "spec_file": spec.spec_file,
+        "trigger": spec.trigger.mode,
+        "format": silver.format,
+        "chaining": silver.chaining,
+    }
+    if silver.chaining == "stream":  # its own query; bronze_batch writes in bronze's checkpoint
+        common["checkpoint"] = str(FlowLocations.of(spec, settings).stage_checkpoint("silver"))
+    parsed = f"{silver.format} payloads of {spec.target.table} parsed to ({silver.schema_ddl})"
+    events = AssetSpec(
+        key=keys["events"],
+        deps=[bronze],
+        group_name="silver",
+        kinds={"spark", "delta"},
+        description=f"Events of flow {spec.name}: {parsed}, append-only, one row per change.",
+        metadata={
+            **common,
+            "table_path": str(silver_table_path(spec, settings, silver.events.table)),
+            "schema": silver.schema_ddl,
+            "event_time": silver.event_time or "default",
+        },
+        tags={"conflux/trigger": spec.trigger.mode},
+        skippable=True,
+    )
+    quarantine = AssetSpec(
+        key=keys["quarantine"],
+        deps=[bronze],
+        group_name="silver",
+        kinds={"spark", "delta"},
+        description=(
+            f"Quarantine of flow {spec.name}: records of {spec.target.table} that silver could "
+            "not parse, raw bytes and reasons kept."
+        ),
+        metadata={
+            **common,
+            "table_path": str(silver_table_path(spec, settings, silver.quarantine.table)),
+        },
+        tags={"conflux/trigger": spec.trigger.mode},
+        skippable=True,
+    )
+    specs = [events, quarantine]
+    current = silver.current
+    if current is not None:
+        specs.append(
+            AssetSpec(
+                key=keys["current"],
+                deps=[events.key],
+                group_name="silver",
+                kinds={"spark", "delta"},
+                description=(
+                    f"Current state of flow {spec.name}: one live row per "
+                    f"({', '.join(current.keys)}), the latest by {silver.sequence_expression}."
+                ),
+                metadata={
+                    **common,
+                    "table_path": str(silver_table_path(spec, settings, current.table)),
+                    "keys": list(current.keys),
+                    "sequence_by": silver.sequence_expression,
+                    "deleted_key_retention": current.deleted_key_retention,
+                },
+                tags={"conflux/trigger": spec.trigger.mode},
+                skippable=True,
+            )
+        )
+    return specs
+
+
+def flow_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
+    """Every table of the flow, bronze first: the specs of its multi-asset."""
+    return [bronze_spec(spec, settings), *silver_specs(spec, settings)]
+
+
 def flow_pool(spec: FlowSpec) -> str:
     """The Dagster concurrency pool of a flow's runs (one slot: one run at a time)."""
     return f"conflux/flow/{spec.name}"
 
 
 def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
-    """The multi-asset of one flow: launching it runs the flow's Spark application."""
+    """The multi-asset of one flow: launching it runs the flow's Spark application.
+
+    Its specs are skippable (a stopped continuous run may end before a table's first write), but
+    every run runs all of them: the multi-asset cannot be subset.
+    """
 
     @multi_asset(
         name=f"flow_{spec.name}",
-        specs=[bronze_spec(spec, settings)],
+        specs=flow_specs(spec, settings),
+        can_subset=False,
         pool=flow_pool(spec),
         description=f"Flow {spec.name} ({spec.spec_file}).",
     )

@@ -1,9 +1,17 @@
 """Launch flows' Spark application through Dagster Pipes and follow it until it ends.
 
-* ``available_now``: the child reports the asset's materialization once, when it has caught up.
-* ``continuous``: Pipes accepts one materialization per asset per session, so the child reports
-  each committed micro-batch as a custom message; this side turns them into throttled
-  ``AssetMaterialization`` events while the run goes on, plus a heartbeat in the run's logs.
+A flow's multi-asset has one asset per table (bronze, and silver's events, quarantine, current).
+The child reports each committed micro-batch of each stage as a custom message whose ``writes``
+name the tables it wrote (``table``, ``role``, ``version``, ``rows``, ``skipped``); this side maps
+each write to its table's asset key.
+
+* ``available_now``: the child reports each table's materialization once, when it has caught up
+  (Pipes extras ``asset_keys``: ``"<flow>/<role>"`` -> asset key); a table it reported none for
+  gets one here, with the totals of the writes relayed during the run, so every asset of the flow
+  has a materialization when the run ends.
+* ``continuous``: Pipes accepts one materialization per asset per session, so this side turns the
+  batch messages into throttled ``AssetMaterialization`` events per table while the run goes on,
+  plus a heartbeat in the run's logs.
 
 Launching, leases and stopping are :class:`pipelines.launcher.FlowApplication`'s: the flows'
 leases are taken before anything starts and renewed by this run worker; when the Dagster run is
@@ -28,6 +36,7 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     Failure,
+    MaterializeResult,
     MetadataValue,
     PipesEnvContextInjector,
     PipesExecutionResult,
@@ -35,7 +44,7 @@ from dagster import (
     open_pipes_session,
 )
 
-from assets.keys import bronze_key
+from assets.keys import flow_table_keys
 from assets.resources import SparkSubmitResource
 from assets.sensors import RUN_WORKER_TAG
 from pipelines.launcher import FlowApplication
@@ -49,22 +58,90 @@ class RunWorkerGoneError(Exception):
     """The Dagster run worker that started this step is dead: nobody will record this run's end."""
 
 
+def batch_writes(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table writes of one batch message: its ``writes``; for a bronze batch that lists none
+    (a runner from before silver), the bronze table's from ``delta_version``, ``rows_added`` and
+    ``replayed``."""
+    writes = [w for w in message.get("writes") or [] if isinstance(w, dict)]
+    if writes or message.get("stage", "bronze") != "bronze":
+        return writes
+    return [
+        {
+            "table": None,
+            "role": "bronze",
+            "version": message.get("delta_version"),
+            "rows": message.get("rows_added", 0),
+            "skipped": bool(message.get("replayed")),
+        }
+    ]
+
+
+@dataclass(frozen=True)
+class FlowTables:
+    """Where a flow's writes land: the asset key of each of its tables, by name and by role."""
+
+    by_table: dict[str, AssetKey]
+    by_role: dict[str, AssetKey]
+
+    @classmethod
+    def of(cls, spec: FlowSpec) -> FlowTables:
+        by_role = flow_table_keys(spec)
+        return cls({key.path[-1]: key for key in by_role.values()}, by_role)
+
+    def key_of(self, write: dict[str, Any]) -> AssetKey | None:
+        table = write.get("table")
+        if table is not None:
+            return self.by_table.get(str(table))
+        return self.by_role.get(str(write.get("role")))
+
+
+def pipes_asset_keys(tables: dict[str, FlowTables]) -> dict[str, str]:
+    """The Pipes extra ``asset_keys`` the child reports materializations with
+    (:meth:`pipelines.reporting.Reporter.finished`): ``"<flow>/<role>"`` -> the asset key of
+    that table, and ``"<flow>"`` -> its bronze table's."""
+    names: dict[str, str] = {}
+    for flow, flow_tables in tables.items():
+        names[flow] = flow_tables.by_role["bronze"].to_user_string()
+        for role, key in flow_tables.by_role.items():
+            names[f"{flow}/{role}"] = key.to_user_string()
+    return names
+
+
 @dataclass
 class ProgressRelay:
-    """Relays one flow's per-batch messages as throttled materializations."""
+    """Relays the writes of one table (one asset key) as throttled materializations.
+
+    It also keeps the run's totals for the table, the metadata of the materialization this side
+    reports at the end of an ``available_now`` run when the child reported none for the table.
+    """
 
     context: AssetExecutionContext
     asset_key: AssetKey
     interval: float
     pending_rows: int = 0
     pending_batches: int = 0
+    pending_skipped: int = 0
+    total_rows: int = 0
+    total_batches: int = 0
+    total_skipped: int = 0
+    version: int | None = None
     latest: dict[str, Any] = field(default_factory=dict)
+    latest_write: dict[str, Any] = field(default_factory=dict)
     last_event: float = field(default_factory=time.monotonic)
 
-    def add(self, message: dict[str, Any]) -> None:
-        self.pending_rows += int(message["rows_added"])
+    def add(self, message: dict[str, Any], write: dict[str, Any]) -> None:
+        rows = int(write.get("rows") or 0)
+        skipped = int(bool(write.get("skipped")))
+        self.pending_rows += rows
         self.pending_batches += 1
+        self.pending_skipped += skipped
+        self.total_rows += rows
+        self.total_batches += 1
+        self.total_skipped += skipped
+        if write.get("version") is not None:
+            self.version = int(write["version"])
         self.latest = message
+        self.latest_write = write
 
     def flush(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -72,7 +149,7 @@ class ProgressRelay:
             self.context.log_event(
                 AssetMaterialization(asset_key=self.asset_key, metadata=self._metadata())
             )
-            self.pending_rows = self.pending_batches = 0
+            self.pending_rows = self.pending_batches = self.pending_skipped = 0
             self.last_event = now
 
     def _metadata(self) -> dict[str, Any]:
@@ -80,27 +157,49 @@ class ProgressRelay:
         metadata: dict[str, Any] = {
             "rows_written": MetadataValue.int(self.pending_rows),
             "batches": MetadataValue.int(self.pending_batches),
-            "replayed": MetadataValue.bool(bool(latest.get("replayed"))),
+            "replayed": MetadataValue.bool(bool(self.latest_write.get("skipped"))),
+            "replayed_batches": MetadataValue.int(self.pending_skipped),
+            "stage": MetadataValue.text(str(latest.get("stage", "bronze"))),
             "last_batch_id": MetadataValue.int(int(latest["batch_id"])),
             "rows_per_second": MetadataValue.float(float(latest["processed_rows_per_second"])),
             "end_offsets": MetadataValue.json(latest.get("end_offsets") or {}),
         }
-        if latest.get("delta_version") is not None:
-            metadata["delta_version"] = MetadataValue.int(int(latest["delta_version"]))
+        if self.latest_write.get("version") is not None:
+            metadata["delta_version"] = MetadataValue.int(int(self.latest_write["version"]))
         if latest.get("lag") is not None:
             metadata["lag"] = MetadataValue.int(int(latest["lag"]))
+        return metadata
+
+    def run_metadata(self) -> dict[str, Any]:
+        """The whole run's totals for the table (the end-of-run materialization's metadata)."""
+        metadata: dict[str, Any] = {
+            "rows_written": MetadataValue.int(self.total_rows),
+            "batches": MetadataValue.int(self.total_batches),
+            "replayed_batches": MetadataValue.int(self.total_skipped),
+        }
+        if self.latest:
+            metadata["last_batch_id"] = MetadataValue.int(int(self.latest["batch_id"]))
+        if self.version is not None:
+            metadata["delta_version"] = MetadataValue.int(self.version)
         return metadata
 
 
 @dataclass
 class RunMonitor:
-    """Follows the child's custom messages: progress relays per flow, a heartbeat, errors."""
+    """Follows the child's custom messages: progress per table, a heartbeat, errors.
+
+    Every batch message's writes go to their table's relay, which keeps the run's totals;
+    ``live`` relays (continuous runs) also report throttled materializations as batches commit.
+    """
 
     context: AssetExecutionContext
-    relays: dict[str, ProgressRelay]
+    tables: dict[str, FlowTables]
+    relays: dict[AssetKey, ProgressRelay]
     heartbeat: float
+    live: bool = True
     seen: int = 0
     errors: list[str] = field(default_factory=list)
+    lags: dict[str, Any] = field(default_factory=dict)
     last_heartbeat: float = field(default_factory=time.monotonic)
 
     def poll(self, messages: Sequence[Any], final: bool = False) -> None:
@@ -108,16 +207,26 @@ class RunMonitor:
             self.seen += 1
             if not isinstance(message, dict):
                 continue
-            if message.get("type") == "batch" and message.get("flow") in self.relays:
-                self.relays[message["flow"]].add(message)
+            if message.get("type") == "batch" and message.get("flow") in self.tables:
+                self._batch(message)
             elif message.get("type") == "error":
                 self.errors.append(str(message["message"]))
+        if not self.live:
+            return
         for relay in self.relays.values():
             relay.flush(final)
         if self.relays and time.monotonic() - self.last_heartbeat >= self.heartbeat:
-            lags = {f: r.latest.get("lag") for f, r in self.relays.items()}
-            self.context.log.info(f"heartbeat: flows running, lag per flow {lags}")
+            self.context.log.info(f"heartbeat: flows running, lag per flow {self.lags}")
             self.last_heartbeat = time.monotonic()
+
+    def _batch(self, message: dict[str, Any]) -> None:
+        flow = str(message["flow"])
+        if message.get("stage", "bronze") == "bronze":
+            self.lags[flow] = message.get("lag")
+        for write in batch_writes(message):
+            key = self.tables[flow].key_of(write)
+            if key is not None and key in self.relays:
+                self.relays[key].add(message, write)
 
 
 def loggable(command: list[str]) -> list[str]:
@@ -171,17 +280,20 @@ def run_flows(
     """Run ``specs`` in one Spark application under Pipes; yield the results it reported.
 
     ``trigger`` overrides the specs' trigger modes; a run with any continuous flow is followed
-    live (throttled materializations per committed batch) until it is stopped. The flows' leases
-    are taken before anything starts: a flow that is already running fails this run at once.
+    live (throttled materializations per table as batches commit) until it is stopped. The
+    flows' leases are taken before anything starts: a flow that is already running fails this
+    run at once. When an ``available_now`` run ends, every table of its flows has a
+    materialization: the child's, or one made here from the writes the child relayed.
     """
-    keys = {spec.name: bronze_key(spec) for spec in specs}
+    tables = {spec.name: FlowTables.of(spec) for spec in specs}
     continuous = any((trigger or spec.trigger.mode) == "continuous" for spec in specs)
-    extras = {"asset_keys": {name: key.to_user_string() for name, key in keys.items()}}
+    extras = {"asset_keys": pipes_asset_keys(tables)}
     relays = {
-        name: ProgressRelay(context, key, spark_submit.progress_interval_seconds)
-        for name, key in keys.items()
+        key: ProgressRelay(context, key, spark_submit.progress_interval_seconds)
+        for flow in tables.values()
+        for key in flow.by_role.values()
     }
-    monitor = RunMonitor(context, relays if continuous else {}, spark_submit.heartbeat_seconds)
+    monitor = RunMonitor(context, tables, relays, spark_submit.heartbeat_seconds, live=continuous)
     worker_pid = run_worker_pid(context)
     context.instance.add_run_tags(
         context.run_id, {RUN_WORKER_TAG: f"{socket.gethostname()}:{worker_pid}"}
@@ -234,8 +346,19 @@ def run_flows(
         if returncode != 0:
             raise Failure(
                 description=(
-                    f"flows {', '.join(keys)}: the Spark application exited with code "
+                    f"flows {', '.join(tables)}: the Spark application exited with code "
                     f"{returncode}: {' | '.join(monitor.errors) or 'see stderr in the logs'}"
                 )
             )
-    yield from session.get_results(implicit_materializations=False)
+    reported: set[AssetKey] = set()
+    for result in session.get_results(implicit_materializations=False):
+        if isinstance(result, MaterializeResult) and result.asset_key is not None:
+            key = result.asset_key
+            reported.add(AssetKey.from_escaped_user_string(key) if isinstance(key, str) else key)
+        yield result
+    for spec in specs:
+        if (trigger or spec.trigger.mode) != "available_now":
+            continue  # a stopped continuous run: its tables' progress was reported as it went
+        for key in tables[spec.name].by_role.values():
+            if key not in reported:
+                yield MaterializeResult(asset_key=key, metadata=relays[key].run_metadata())

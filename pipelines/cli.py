@@ -31,7 +31,7 @@ from pipelines.locations import FlowLocations, check_distinct_tables
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import Settings, load_settings
-from pipelines.spec import FlowSpec, load_specs
+from pipelines.spec import FlowSpec, json_schema, load_specs
 
 
 def _specs(settings: Settings) -> list[FlowSpec]:
@@ -216,6 +216,17 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec(settings, args.flow)
+    if args.stage == "silver":
+        from pipelines.silver.tables import reset_silver
+
+        moved = reset_silver(spec, settings)
+        for what, where in moved:
+            print(f"moved {what} -> {where}")
+        print(
+            f"flow {spec.name}: the silver stage starts over; the next run reads the whole bronze "
+            f"table again into new silver tables ({len(moved)} folders moved aside, nothing deleted)"
+        )
+        return 0
     identity = reset_flow(spec, FlowLocations.of(spec, settings))
     print(
         f"flow {spec.name}: new checkpoint generation {identity.generation} (the old one is in "
@@ -223,6 +234,11 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
         f"starting_offsets and takes over {identity.table_path} "
         f"({datetime.now(UTC).isoformat(timespec='seconds')})"
     )
+    return 0
+
+
+def cmd_schema(_settings: Settings, _args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
     return 0
 
 
@@ -250,7 +266,15 @@ def parser() -> argparse.ArgumentParser:
         "reset", help="start a new checkpoint generation (re-reads the source)"
     )
     reset.add_argument("flow")
+    reset.add_argument(
+        "--stage",
+        choices=["silver"],
+        help="only this stage: move its tables and checkpoint aside and rebuild them from bronze",
+    )
     reset.set_defaults(func=cmd_reset)
+    commands.add_parser(
+        "schema", help="print the JSON Schema of flow specs (flows/flow.schema.json)"
+    ).set_defaults(func=cmd_schema)
     return main
 
 

@@ -8,7 +8,8 @@ owns outside its table lives in one folder per flow, ``<checkpoints>/<flow>/``::
     _lease/term-*.json   the ownership lease (pipelines.lease)
     _control/stop.<owner> the stop channel: `conflux stop` creates it, the owner's runner stops
     _status.json         the last committed batch, as the runner last reported it
-    <table>/             the Spark checkpoint (offsets/, commits/, ...) and the stored schema
+    <table>/             the bronze stage's Spark checkpoint (offsets/, commits/, ...), stored schema
+    silver/              the silver stage's Spark checkpoint (when it runs as its own query)
     _archive/            checkpoints of earlier generations, moved aside by `conflux reset`
 """
 
@@ -57,6 +58,10 @@ class FlowLocations:
             schema_file=checkpoint / "source_schema.json",
         )
 
+    def stage_checkpoint(self, stage: str) -> Path:
+        """The Spark checkpoint of a stage that runs as its own query (bronze: :attr:`checkpoint`)."""
+        return self.checkpoint if stage == "bronze" else self.flow_dir / stage
+
     @property
     def identity_file(self) -> Path:
         return self.flow_dir / "identity.json"
@@ -85,18 +90,43 @@ class FlowLocations:
         return self.flow_dir / "_archive"
 
 
-def check_distinct_tables(specs: Iterable[FlowSpec], settings: Settings) -> None:
-    """Two specs writing one table location would corrupt it: refuse at load time."""
-    seen: dict[Path, FlowSpec] = {}
-    for spec in specs:
-        table = FlowLocations.of(spec, settings).table.resolve()
-        other = seen.get(table)
-        if other is not None:
-            raise SpecError(
-                f"{spec.spec_file}: target: flow {spec.name} writes {table}, which flow "
-                f"{other.name} ({other.spec_file}) writes too; give each flow its own table"
+def silver_table_path(settings: Settings, table: str, path: str | None = None) -> Path:
+    """Where a silver table lives: its spec ``path``, or ``<lake>/silver/<table>``."""
+    return resolve(settings, path) if path else settings.lake_dir / "silver" / table
+
+
+def table_paths(spec: FlowSpec, settings: Settings) -> dict[str, Path]:
+    """Every table a flow writes, by role (bronze, events, quarantine, current)."""
+    paths = {"bronze": FlowLocations.of(spec, settings).table}
+    if spec.silver is not None:
+        silver = spec.silver
+        paths["events"] = silver_table_path(settings, silver.events.table, silver.events.path)
+        paths["quarantine"] = silver_table_path(
+            settings, silver.quarantine.table, silver.quarantine.path
+        )
+        if silver.current is not None:
+            paths["current"] = silver_table_path(
+                settings, silver.current.table, silver.current.path
             )
-        seen[table] = spec
+    return paths
+
+
+def check_distinct_tables(specs: Iterable[FlowSpec], settings: Settings) -> None:
+    """Two specs (or two roles of one) writing one table location would corrupt it: refuse."""
+    seen: dict[Path, tuple[FlowSpec, str]] = {}
+    for spec in specs:
+        for role, path in table_paths(spec, settings).items():
+            table = path.resolve()
+            other = seen.get(table)
+            if other is not None:
+                other_spec, other_role = other
+                field = "target" if role == "bronze" else f"silver.{role}"
+                raise SpecError(
+                    f"{spec.spec_file}: {field}: flow {spec.name} writes {table} as its {role} "
+                    f"table, which flow {other_spec.name} ({other_spec.spec_file}) writes as its "
+                    f"{other_role} table; give each table its own location"
+                )
+            seen[table] = (spec, role)
 
 
 def write_json_atomically(path: Path, payload: Mapping[str, Any]) -> None:

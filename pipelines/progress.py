@@ -25,6 +25,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 @dataclass(frozen=True)
 class BatchProgress:
     flow: str
+    stage: str
     batch_id: int
     input_rows: int
     rows_added: int
@@ -38,6 +39,7 @@ class BatchProgress:
     partition_lag: dict[str, int] | None
     delta_version: int | None
     timestamp: str
+    writes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,8 +47,13 @@ class BatchProgress:
 
 @dataclass
 class FlowTotals:
+    """Totals of one stage's query of a flow over a run."""
+
     flow: str
     table_path: str
+    stage: str = "bronze"
+    #: Per table the stage wrote: role -> {table, rows, version}.
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows_written: int = 0
     batches: int = 0
     replayed_batches: int = 0
@@ -59,6 +66,8 @@ class FlowTotals:
     def summary(self) -> dict[str, Any]:
         return {
             "flow": self.flow,
+            "stage": self.stage,
+            "tables": self.tables,
             "table_path": self.table_path,
             "rows_written": self.rows_written,
             "batches": self.batches,
@@ -72,13 +81,29 @@ class FlowTotals:
 
 @dataclass(frozen=True)
 class BatchCommit:
-    """What one micro-batch's Delta write really did (reported by the stage that wrote it)."""
+    """What one micro-batch's Delta writes really did (reported by the stage that wrote them).
+
+    ``table_version`` and ``rows_added`` are those of the stage's main table (bronze: its table;
+    silver: the current-state table's version and the events appended); ``writes`` has every
+    table the batch wrote (objects with ``to_dict()``: :class:`pipelines.delta_writes.TableWrite`).
+    """
 
     flow: str
     batch_id: int
     table_version: int | None
     rows_added: int
     replayed: bool
+    stage: str = "bronze"
+    writes: tuple[Any, ...] = ()
+
+    @property
+    def query_name(self) -> str:
+        return query_name(self.flow, self.stage)
+
+
+def query_name(flow: str, stage: str) -> str:
+    """The streaming query of a flow's stage: ``<flow>`` for bronze, ``<flow>.<stage>`` after it."""
+    return flow if stage == "bronze" else f"{flow}.{stage}"
 
 
 class ProgressSink(Protocol):
@@ -141,15 +166,29 @@ class ProgressTracker(StreamingQueryListener):
     known by the time :meth:`onQueryProgress` handles the batch.
     """
 
-    def __init__(self, table_paths: dict[str, str], sink: ProgressSink) -> None:
+    def __init__(self, sink: ProgressSink) -> None:
         self._sink = sink
         self._lock = threading.Lock()
-        self._commits: dict[tuple[str, int], BatchCommit] = {}
-        self.totals = {flow: FlowTotals(flow, path) for flow, path in table_paths.items()}
+        self._commits: dict[tuple[str, int], list[BatchCommit]] = {}
+        #: Keyed by query name (:func:`query_name`).
+        self.totals: dict[str, FlowTotals] = {}
 
-    def record_commit(self, commit: BatchCommit) -> None:
+    def track(
+        self, flow: str, stage: str, table_path: str, tables: dict[str, tuple[str, str]]
+    ) -> None:
+        """Follow ``flow``'s ``stage``, whose main table is at ``table_path``; ``tables`` maps
+        each role the stage writes (bronze, events, ...) to (table name, path)."""
+        totals = FlowTotals(flow, table_path, stage)
+        for role, (table, path) in tables.items():
+            totals.tables[role] = {"table": table, "path": path, "rows": 0, "version": None}
+        self.totals[query_name(flow, stage)] = totals
+
+    def record_commit(self, commit: BatchCommit, query: str | None = None) -> None:
+        """A stage wrote a batch in ``query`` (default: the stage's own query); several stages
+        may write in one query's batch."""
         with self._lock:
-            self._commits[(commit.flow, commit.batch_id)] = commit
+            key = (query or commit.query_name, commit.batch_id)
+            self._commits.setdefault(key, []).append(commit)
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
         pass
@@ -168,19 +207,31 @@ class ProgressTracker(StreamingQueryListener):
         ran = "addBatch" in (progress.durationMs or {})  # an idle trigger runs no batch
         with self._lock:
             key = (progress.name, int(progress.batchId))
-            commit = self._commits.pop(key, None) if ran else None
-            batch = self._batch_progress(progress, commit)
-            totals.last_batch_id = max(totals.last_batch_id, batch.batch_id)
-            totals.lag = batch.lag
-            if commit is None:  # an idle trigger: no batch ran, nothing was written
+            commits = self._commits.pop(key, []) if ran else []
+            batches = [self._batch_progress(progress, commit) for commit in commits]
+            totals.last_batch_id = max(totals.last_batch_id, int(progress.batchId))
+            if not commits:  # an idle trigger: no batch ran, nothing was written
                 return
-            totals.rows_written += batch.rows_added
-            totals.batches += 1
-            totals.replayed_batches += int(batch.replayed)
-            if batch.delta_version is not None:
-                totals.delta_version = batch.delta_version
-            totals.end_offsets = batch.end_offsets
-        self._sink.batch(batch)
+            for commit, batch in zip(commits, batches, strict=True):
+                stage_totals = self.totals.get(commit.query_name, totals)
+                stage_totals.last_batch_id = max(stage_totals.last_batch_id, batch.batch_id)
+                stage_totals.lag = batch.lag
+                stage_totals.rows_written += batch.rows_added
+                stage_totals.batches += 1
+                stage_totals.replayed_batches += int(batch.replayed)
+                if batch.delta_version is not None:
+                    stage_totals.delta_version = batch.delta_version
+                stage_totals.end_offsets = batch.end_offsets
+                for write in batch.writes:
+                    table = stage_totals.tables.setdefault(
+                        write["role"],
+                        {"table": write["table"], "path": None, "rows": 0, "version": None},
+                    )
+                    table["rows"] += int(write["rows"])
+                    if write["version"] is not None:
+                        table["version"] = write["version"]
+        for batch in batches:
+            self._sink.batch(batch)
 
     @staticmethod
     def _batch_progress(progress: Any, commit: BatchCommit | None) -> BatchProgress:
@@ -188,7 +239,8 @@ class ProgressTracker(StreamingQueryListener):
         end = _parse_offsets(sources[0].endOffset) if sources else None
         latest = _parse_offsets(sources[0].latestOffset) if sources else None
         return BatchProgress(
-            flow=progress.name,
+            flow=commit.flow if commit else progress.name,
+            stage=commit.stage if commit else "bronze",
             batch_id=int(progress.batchId),
             input_rows=int(progress.numInputRows),
             rows_added=commit.rows_added if commit else 0,
@@ -202,10 +254,11 @@ class ProgressTracker(StreamingQueryListener):
             partition_lag=partition_lag(end, latest),
             delta_version=commit.table_version if commit else None,
             timestamp=str(progress.timestamp),
+            writes=[w.to_dict() for w in commit.writes] if commit else [],
         )
 
-    def wait_for_batch(self, flow: str, batch_id: int, timeout: float = 15.0) -> None:
+    def wait_for_batch(self, query: str, batch_id: int, timeout: float = 15.0) -> None:
         """Block until the listener has seen ``batch_id`` of ``flow`` (events arrive async)."""
         deadline = time.monotonic() + timeout
-        while self.totals[flow].last_batch_id < batch_id and time.monotonic() < deadline:
+        while self.totals[query].last_batch_id < batch_id and time.monotonic() < deadline:
             time.sleep(0.05)

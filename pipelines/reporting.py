@@ -75,16 +75,24 @@ class Reporter:
             self._pipes.report_custom_message({"type": "error", "message": message})
 
     def finished(self, summaries: list[dict[str, Any]]) -> None:
-        """Report each flow's totals; under Pipes, as the materialization of its asset."""
+        """Report each stage's totals; under Pipes, as the materialization of each table's asset.
+
+        The launcher names the asset of each table in the Pipes extras ``asset_keys``:
+        ``"<flow>/<role>"`` (role: bronze, events, current, quarantine); ``"<flow>"`` is bronze.
+        """
         for summary in summaries:
             print(_line(SUMMARY_PREFIX, summary), flush=True)
             if self._pipes is None:
                 continue
-            asset_key = self._pipes.extras.get("asset_keys", {}).get(summary["flow"])
-            if asset_key:
-                self._pipes.report_asset_materialization(
-                    asset_key=asset_key, metadata=materialization_metadata(summary)
-                )
+            asset_keys = self._pipes.extras.get("asset_keys", {})
+            for role, table in summary["tables"].items():
+                asset_key = asset_keys.get(f"{summary['flow']}/{role}")
+                if asset_key is None and role == "bronze":
+                    asset_key = asset_keys.get(summary["flow"])
+                if asset_key:
+                    self._pipes.report_asset_materialization(
+                        asset_key=asset_key, metadata=table_metadata(summary, table)
+                    )
 
 
 def materialization_metadata(summary: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +110,19 @@ def materialization_metadata(summary: dict[str, Any]) -> dict[str, Any]:
         metadata["delta_version"] = {"raw_value": summary["delta_version"], "type": "int"}
     if summary["lag"] is not None:
         metadata["lag"] = {"raw_value": summary["lag"], "type": "int"}
+    return metadata
+
+
+def table_metadata(summary: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
+    """Pipes metadata of one table a stage wrote: the stage's totals, this table's rows."""
+    metadata = materialization_metadata(summary)
+    metadata["rows_written"] = {"raw_value": int(table["rows"]), "type": "int"}
+    metadata["dagster/row_count_delta"] = {"raw_value": int(table["rows"]), "type": "int"}
+    if table.get("path"):
+        metadata["table_path"] = {"raw_value": table["path"], "type": "path"}
+    if table.get("version") is not None:
+        metadata["delta_version"] = {"raw_value": table["version"], "type": "int"}
+    metadata["stage"] = {"raw_value": summary["stage"], "type": "text"}
     return metadata
 
 

@@ -1,4 +1,4 @@
-"""The stream runner: one Spark application running one or several flows into bronze.
+"""The stream runner: one Spark application running one or several flows, all their stages.
 
 Run it with ``spark-submit pipelines/runner.py --spec flows/orders.yaml [--spec ...]`` (what the
 launchers do: :mod:`pipelines.launcher`, used by Dagster and ``conflux run``) or
@@ -35,6 +35,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.errors import ConfigError
+from pipelines.flow import FlowPipeline
 from pipelines.lease import (
     IN_PROCESS_LAUNCHER,
     FlowLease,
@@ -49,7 +50,6 @@ from pipelines.locations import FlowLocations, check_distinct_tables
 from pipelines.progress import ProgressTracker
 from pipelines.reporting import Reporter, open_reporter
 from pipelines.settings import Settings, load_settings
-from pipelines.sinks.bronze import BronzeStage
 from pipelines.spark import get_spark_session
 from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
 
@@ -227,23 +227,31 @@ def _run_owned(
     reporter.track_status({n: loc.status_file for n, loc in locations.items()}, owner=owner)
     own_session = spark is None
     spark = spark or get_spark_session("conflux-" + "-".join(s.name for s in specs), settings)
-    tracker = ProgressTracker({n: str(loc.table) for n, loc in locations.items()}, reporter)
+    tracker = ProgressTracker(reporter)
+    pipelines = [FlowPipeline(spec, settings, guards[spec.name], tracker) for spec in specs]
     spark.streams.addListener(tracker)
-    queries: dict[str, StreamingQuery] = {}
+    code = EXIT_OK
     try:
-        try:
-            for spec in specs:
-                stage = BronzeStage(spec, settings, guards[spec.name], tracker.record_commit)
-                queries[spec.name] = stage.start(spark, trigger_mode)
-        except BaseException:
-            for query in queries.values():
-                query.stop()
-            raise
-        reporter.info(f"started flows {', '.join(queries)} (lease owner {owner})")
-        code = supervise(queries, stop, reporter, list(guards.values()))
-        for name, query in queries.items():
-            if query.lastProgress is not None:
-                tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
+        for pipeline in pipelines:
+            pipeline.prepare(spark)  # every flow's tables checked before any query starts
+        phases = [p.phases(trigger_mode) for p in pipelines]
+        for phase in range(max(len(p) for p in phases)):
+            queries: dict[str, StreamingQuery] = {}
+            try:
+                for pipeline, flow_phases in zip(pipelines, phases, strict=True):
+                    for head in flow_phases[phase] if phase < len(flow_phases) else []:
+                        queries[head.query_name] = pipeline.start(head, spark, trigger_mode)
+            except BaseException:
+                for query in queries.values():
+                    query.stop()
+                raise
+            reporter.info(f"started {', '.join(queries)} (lease owner {owner})")
+            code = supervise(queries, stop, reporter, list(guards.values()))
+            for name, query in queries.items():
+                if query.lastProgress is not None:
+                    tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
+            if code != EXIT_OK or stop.requested:
+                break
     finally:
         spark.streams.removeListener(tracker)
         if own_session:  # before Python exits, so no listener event is sent to a dead driver

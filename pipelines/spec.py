@@ -1,8 +1,12 @@
-"""Flow specs: one YAML file declares a flow from a source into a bronze Delta table.
+"""Flow specs: one YAML file declares a flow from a source into a bronze Delta table, and
+optionally on into silver (parsed events, a quarantine, a compacted current-state table).
 
-A spec is parsed into frozen dataclasses and validated up front; every error names the file and
-the field (``flows/orders.yaml: source.topics: ...``). Identifiers are checked against
-:data:`IDENTIFIER_RE`, so nothing user-written is pasted into SQL unchecked.
+A spec is parsed into frozen pydantic models and validated up front; every error names the file
+and the field (``flows/orders.yaml: source.topics: ...``), one error (the first) per
+:class:`SpecError`. Identifiers are checked against :data:`IDENTIFIER_RE`, so nothing
+user-written is pasted into SQL unchecked (except the SQL expressions a silver section declares
+as such: ``current.sequence_by`` and ``current.delete_when``). ``conflux schema`` prints the
+spec's JSON Schema (checked in as ``flows/flow.schema.json`` for editors).
 
 Example::
 
@@ -17,131 +21,662 @@ Example::
       partition_by: [ingest_date]
     trigger:
       mode: available_now        # or: continuous, with interval: "5 seconds"
+    silver:                      # optional
+      format: json               # or: debezium
+      schema: "id BIGINT, amount DOUBLE, updated_at TIMESTAMP"
+      current: {table: orders, keys: [id]}
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from pipelines.errors import ConfigError
 
 IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 INTERVAL_RE = re.compile(r"^\d+(\.\d+)?\s*(millisecond|second|minute|hour)s?$")
+#: ``silver.current.deleted_key_retention``: like a trigger interval, in whole units, days allowed.
+RETENTION_RE = re.compile(r"^\d+\s*(second|minute|hour|day)s?$")
 FILE_FORMATS = ("json", "csv", "parquet")
 TRIGGER_MODES = ("available_now", "continuous")
+SILVER_FORMATS = ("json", "debezium")
+SILVER_CHAININGS = ("stream", "bronze_batch")
 #: Columns bronze adds itself; a user partition column may use ``ingest_date`` too.
 BRONZE_PARTITION_COLUMNS = ("ingest_date", "topic")
+#: Columns silver adds to the events table after the schema's columns (``_sequence`` is computed
+#: from the sequence expression, so it cannot be one of its inputs).
+EVENT_METADATA_COLUMNS = (
+    "_op", "_sequence", "_event_time", "_event_date", "_source_topic", "_source_partition",
+    "_source_offset", "_source_timestamp", "_source_ts_ms", "_source_lsn", "_ingested_at",
+    "_batch_id",
+)  # fmt: skip
+#: Columns silver adds to the current table and its deleted-keys side table.
+CURRENT_METADATA_COLUMNS = ("_sequence", "_op", "_event_time", "_updated_at", "_deleted_at")
+#: Default ``silver.current.sequence_by`` per format.
+DEFAULT_SEQUENCE_BY = {"debezium": "_source_lsn", "json": "_source_offset"}
+#: Metadata columns that are always null for a format: no sequence over them.
+_NULL_METADATA = {"json": ("_source_ts_ms", "_source_lsn"), "debezium": ()}
 
 
 class SpecError(ConfigError):
     """A flow spec is invalid; the message names the file and the field."""
 
 
-@dataclass(frozen=True)
-class KafkaSource:
+# --- validation helpers --------------------------------------------------------------------------
+
+
+def _error(message: str, field: str = "") -> PydanticCustomError:
+    """A validation error carrying our own wording; ``field`` is relative to the failing model."""
+    return PydanticCustomError("conflux_spec", "{message}", {"message": message, "field": field})
+
+
+def _identifier(value: str) -> str:
+    if not IDENTIFIER_RE.match(value):
+        raise _error(f"{value!r} is not a valid identifier (letters, digits, _)")
+    return value
+
+
+def _topic(value: str) -> str:
+    if not TOPIC_RE.match(value):
+        raise _error(f"{value!r} is not a valid Kafka topic name")
+    return value
+
+
+def _interval(value: str) -> str:
+    if not INTERVAL_RE.match(value):
+        raise _error(f"{value!r} is not an interval such as '5 seconds'")
+    return value
+
+
+def _retention(value: str) -> str:
+    if not RETENTION_RE.match(value):
+        raise _error(f"{value!r} is not a retention such as '7 days' (seconds to days)")
+    return value
+
+
+def _local_path(value: str) -> str:
+    """Paths are local or on a mounted shared filesystem for now: the lease, identity and stop
+    files beside a flow's checkpoint need one. Refuse a URI instead of misreading it."""
+    if "://" in value:
+        raise _error(
+            f"{value!r} is a URI; Conflux reads and writes local or mounted paths only so far "
+            "(mount the bucket, e.g. with a FUSE or NFS gateway, and give its path)"
+        )
+    return value
+
+
+def _sql_fragment(value: str) -> str:
+    if not value.strip():
+        raise _error("is empty; give a column or a SQL expression, or leave the field out")
+    if ";" in value:
+        raise _error(f"{value!r} contains ';': give one SQL expression, not statements")
+    return value
+
+
+def _string_map(value: Any) -> Any:
+    """YAML option values may be numbers or booleans: Spark options are strings."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    return value
+
+
+def _string(pattern: re.Pattern[str] | None = None, **extra: Any) -> WithJsonSchema:
+    schema: dict[str, Any] = {"type": "string", **extra}
+    if pattern is not None:
+        schema["pattern"] = pattern.pattern
+    return WithJsonSchema(schema)
+
+
+Identifier = Annotated[StrictStr, AfterValidator(_identifier), _string(IDENTIFIER_RE)]
+Topic = Annotated[StrictStr, AfterValidator(_topic), _string(TOPIC_RE)]
+Interval = Annotated[StrictStr, AfterValidator(_interval), _string(INTERVAL_RE)]
+Retention = Annotated[StrictStr, AfterValidator(_retention), _string(RETENTION_RE)]
+LocalPath = Annotated[StrictStr, AfterValidator(_local_path), _string()]
+SqlFragment = Annotated[StrictStr, AfterValidator(_sql_fragment), _string(minLength=1)]
+StringMap = Annotated[
+    dict[str, str],
+    BeforeValidator(_string_map),
+    WithJsonSchema(
+        {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+    ),
+]
+
+
+class _Model(BaseModel):
+    """Frozen; unknown YAML keys are refused with the allowed ones; ``key: null`` is absent."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        validate_by_name=True,
+        validate_by_alias=True,
+        validate_default=False,
+    )
+    #: Fields that are not YAML keys (set by the loader).
+    _internal_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def yaml_keys(cls) -> list[str]:
+        """The keys a YAML mapping may use for this model, in declaration order."""
+        return [
+            field.validation_alias if isinstance(field.validation_alias, str) else name
+            for name, field in cls.model_fields.items()
+            if name not in cls._internal_fields
+        ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        keys = cls.yaml_keys()
+        from_yaml = bool(info.context and info.context.get("yaml"))
+        allowed = set(keys) if from_yaml else set(keys) | set(cls.model_fields)
+        unknown = sorted(str(key) for key in data if key not in allowed)
+        if unknown:
+            raise _error(f"unknown field; allowed: {', '.join(keys)}", unknown[0])
+        return cls._prepare({k: v for k, v in data.items() if v is not None}, info)
+
+    @classmethod
+    def _prepare(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Hook: fill in what a model derives from its input before validation."""
+        return data
+
+
+def _require_kind(schema: dict[str, Any]) -> None:
+    """``kind`` has a default for Python callers, but a YAML source must name its kind."""
+    schema["required"] = ["kind", *[k for k in schema.get("required", []) if k != "kind"]]
+
+
+# --- bronze: source, target, trigger --------------------------------------------------------------
+
+
+class KafkaSource(_Model):
     """Read one or several Kafka topics (a list, or a subscribe pattern)."""
 
-    topics: tuple[str, ...] = ()
-    pattern: str | None = None
-    starting_offsets: str = "earliest"
-    starting_timestamp_ms: int | None = None
-    max_offsets_per_trigger: int | None = None
-    fail_on_data_loss: bool = True
-    bootstrap_servers: str | None = None
-    options: dict[str, str] = field(default_factory=dict)
-    kind: Literal["kafka"] = "kafka"
+    model_config = ConfigDict(json_schema_extra=_require_kind)
+
+    kind: Literal["kafka"] = Field(default="kafka", description="The kind of source: `kafka`.")
+    topics: tuple[Topic, ...] = Field(
+        default=(), description="Topics to read; give exactly one of `topics` or `pattern`."
+    )
+    pattern: StrictStr | None = Field(
+        default=None, description="A Java regex of topics to subscribe to, instead of `topics`."
+    )
+    starting_offsets: Literal["earliest", "latest", "timestamp"] = Field(
+        default="earliest",
+        description="Where a new flow (no checkpoint yet) starts reading: `earliest`, `latest`, "
+        "or `timestamp` (then give `starting_timestamp_ms`).",
+    )
+    starting_timestamp_ms: StrictInt | None = Field(
+        default=None,
+        description="Epoch milliseconds to start from; required exactly when "
+        "`starting_offsets` is `timestamp`.",
+    )
+    max_offsets_per_trigger: StrictInt | None = Field(
+        default=None, gt=0, description="Upper bound of records per micro-batch (all partitions)."
+    )
+    fail_on_data_loss: StrictBool = Field(
+        default=True,
+        description="Fail when offsets the checkpoint expects are gone (retention, topic "
+        "recreated) instead of skipping them.",
+    )
+    bootstrap_servers: StrictStr | None = Field(
+        default=None,
+        description="Kafka bootstrap servers; default: the settings' bootstrap servers.",
+    )
+    options: StringMap = Field(
+        default_factory=dict,
+        description="Kafka client options passed through to Spark; only `kafka.*` keys.",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _kafka_options_only(cls, options: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in options if not k.startswith("kafka.")]
+        if bad:
+            raise _error(f"only kafka.* client options pass through, not {bad}")
+        return options
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSource:
+        if bool(self.topics) == bool(self.pattern):
+            raise _error("give exactly one of topics (a non-empty list) or pattern", "topics")
+        if (self.starting_offsets == "timestamp") != (self.starting_timestamp_ms is not None):
+            raise _error(
+                "is required exactly when starting_offsets is timestamp", "starting_timestamp_ms"
+            )
+        return self
 
 
-@dataclass(frozen=True)
-class FileSource:
+class FileSource(_Model):
     """Read files that land in a folder (JSON lines, CSV with a header, or Parquet)."""
 
-    path: str
-    format: str = "json"
-    max_files_per_trigger: int | None = None
-    archive_dir: str | None = None
-    options: dict[str, str] = field(default_factory=dict)
-    kind: Literal["files"] = "files"
+    model_config = ConfigDict(json_schema_extra=_require_kind)
+
+    kind: Literal["files"] = Field(default="files", description="The kind of source: `files`.")
+    path: LocalPath = Field(
+        description="The landing folder: absolute, or relative to the runtime folder."
+    )
+    format: Literal["json", "csv", "parquet"] = Field(
+        default="json",
+        description="File format: `json` (JSON lines), `csv` (with a header), `parquet`.",
+    )
+    max_files_per_trigger: StrictInt | None = Field(
+        default=None, gt=0, description="Upper bound of files per micro-batch."
+    )
+    archive_dir: StrictStr | None = Field(
+        default=None,
+        description="Move processed files into this folder (outside the landing folder).",
+    )
+    options: StringMap = Field(
+        default_factory=dict,
+        description="Spark reader options of the format (e.g. `sep` for CSV).",
+    )
 
 
 Source = KafkaSource | FileSource
+#: The ``kind`` of each source model, e.g. ``("kafka", "files")``.
+SOURCE_KINDS: tuple[str, ...] = tuple(
+    str(model.model_fields["kind"].default) for model in get_args(Source)
+)
 
 
-@dataclass(frozen=True)
-class Target:
-    table: str
-    path: str | None = None
-    partition_by: tuple[str, ...] = ()
+class Target(_Model):
+    """The bronze Delta table a flow writes."""
+
+    table: Identifier = Field(description="Name of the bronze table.")
+    path: LocalPath | None = Field(
+        default=None, description="Location of the table; default: `<lake>/bronze/<table>`."
+    )
+    partition_by: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Partition columns, among: " + ", ".join(BRONZE_PARTITION_COLUMNS) + ".",
+    )
+
+    @field_validator("partition_by")
+    @classmethod
+    def _bronze_columns(cls, columns: tuple[str, ...]) -> tuple[str, ...]:
+        for column in columns:
+            if column not in BRONZE_PARTITION_COLUMNS:
+                raise _error(
+                    f"bronze can be partitioned by {', '.join(BRONZE_PARTITION_COLUMNS)}, "
+                    f"not {column!r}"
+                )
+        return columns
 
 
-@dataclass(frozen=True)
-class Trigger:
-    mode: str = "available_now"
-    interval: str = "5 seconds"
+class Trigger(_Model):
+    """When micro-batches run."""
+
+    mode: Literal["available_now", "continuous"] = Field(
+        default="available_now",
+        description="`available_now`: read what is there, then stop (incremental runs); "
+        "`continuous`: run until stopped, one micro-batch per `interval`.",
+    )
+    interval: Interval = Field(
+        default="5 seconds",
+        description="Micro-batch interval of a continuous flow, e.g. `5 seconds`.",
+    )
 
 
-@dataclass(frozen=True)
-class FlowSpec:
-    """A validated flow: ``source`` into the bronze table ``target``."""
-
-    name: str
-    source: Source
-    target: Target
-    trigger: Trigger = Trigger()
-    description: str = ""
-    spec_file: str = "<inline>"
+# --- silver ---------------------------------------------------------------------------------------
 
 
-class _Reader:
-    """Reads typed fields from a mapping, naming ``file: section.field`` on every error."""
+def _split_ddl(ddl: str) -> list[str]:
+    """Column definitions of a DDL string: split on commas outside <>, () and quotes."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for char in ddl:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"`":
+            quote = char
+        elif char in "<(":
+            depth += 1
+        elif char in ">)":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current).strip())
+    return parts
 
-    def __init__(self, data: Any, where: str, section: str) -> None:
-        self.where, self.section = where, section
-        if not isinstance(data, dict):
-            raise self.error("", "expected a mapping")
-        self.data: dict[str, Any] = data
 
-    def error(self, key: str, message: str) -> SpecError:
-        name = f"{self.section}.{key}" if self.section and key else self.section or key
-        return SpecError(f"{self.where}: {name}: {message}")
+def _ddl_columns(ddl: str) -> tuple[str, ...]:
+    """Column names of a DDL string such as ``"id BIGINT, `from` STRING"``, checked."""
+    names: list[str] = []
+    for part in _split_ddl(ddl):
+        if not part:
+            raise _error(f"an empty column definition in {ddl!r} (a stray comma?)")
+        if part.startswith("`"):
+            end = part.find("`", 1)
+            name, rest = (part[1:end], part[end + 1 :]) if end > 0 else (part, "")
+        else:
+            name, _, rest = part.partition(" ")
+        if not IDENTIFIER_RE.match(name):
+            raise _error(f"column {name!r} is not a valid identifier (letters, digits, _)")
+        if not rest.strip():
+            raise _error(f"column {name!r} has no type (e.g. '{name} STRING')")
+        if name.lower() in (n.lower() for n in names):
+            raise _error(f"column {name!r} appears twice")
+        if name in EVENT_METADATA_COLUMNS or name in CURRENT_METADATA_COLUMNS:
+            raise _error(f"column {name!r} clashes with a column silver adds; rename it")
+        names.append(name)
+    return tuple(names)
 
-    def only(self, *allowed: str) -> None:
-        unknown = sorted(set(self.data) - set(allowed))
-        if unknown:
-            raise self.error(unknown[0], f"unknown field; allowed: {', '.join(allowed)}")
 
-    def get(self, key: str, kind: type, default: Any = None, required: bool = False) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if required:
-                raise self.error(key, "is required")
-            return default
-        value = self.data[key]
-        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
-            raise self.error(key, f"expected {kind.__name__}, got {type(value).__name__}")
+def _schema_ddl(value: Any) -> Any:
+    """``{id: bigint, name: string}`` is the DDL string ``"id bigint, name string"``."""
+    if not isinstance(value, dict):
         return value
+    if not value:
+        raise _error("is empty; give the payload's columns and their types")
+    columns = []
+    for name, kind in value.items():
+        if not isinstance(kind, str) or not kind.strip():
+            raise _error(f"column {name!r}: expected a type string, got {type(kind).__name__}")
+        columns.append(f"{name} {kind.strip()}")
+    return ", ".join(columns)
 
-    def identifier(self, key: str, value: str) -> str:
-        if not IDENTIFIER_RE.match(value):
-            raise self.error(key, f"{value!r} is not a valid identifier (letters, digits, _)")
-        return value
 
-    def positive(self, key: str) -> int | None:
-        value = self.get(key, int)
-        if value is not None and value <= 0:
-            raise self.error(key, "must be a positive integer")
-        return value
+def _check_ddl(value: str) -> str:
+    if not value.strip():
+        raise _error("is empty; give the payload's columns and their types")
+    _ddl_columns(value)
+    return value
 
-    def string_map(self, key: str) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self.get(key, dict, {}).items()}
 
-    def sub(self, key: str) -> _Reader:
-        return _Reader(self.get(key, dict, required=True), self.where, key)
+SchemaDDL = Annotated[
+    StrictStr,
+    BeforeValidator(_schema_ddl),
+    AfterValidator(_check_ddl),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}},
+            ]
+        }
+    ),
+]
+
+
+class SilverTable(_Model):
+    """A silver table: its name and, optionally, its location."""
+
+    table: Identifier = Field(description="Name of the table.")
+    path: LocalPath | None = Field(
+        default=None, description="Location of the table; default: `<lake>/silver/<table>`."
+    )
+
+
+class CurrentSpec(_Model):
+    """The compacted current-state (SCD type 1) table: one live row per key."""
+
+    table: Identifier = Field(description="Name of the current-state table.")
+    path: LocalPath | None = Field(
+        default=None, description="Location of the table; default: `<lake>/silver/<table>`."
+    )
+    keys: tuple[Identifier, ...] = Field(
+        min_length=1, description="Key columns (at least one), columns of `silver.schema`."
+    )
+    sequence_by: SqlFragment | None = Field(
+        default=None,
+        description="Column or SQL expression ordering the changes of a key (the latest wins); "
+        "default: `_source_lsn` for debezium, `_source_offset` for json.",
+    )
+    delete_when: SqlFragment | None = Field(
+        default=None,
+        description="SQL condition marking a json event as a delete of its key (format json "
+        "only; debezium deletes are `op = 'd'`).",
+    )
+    ignore_null_updates: StrictBool = Field(
+        default=False, description="Keep the current value of a column when an update carries null."
+    )
+    columns: tuple[Identifier, ...] = Field(
+        default=(), description="Columns to keep (default: all); keys are always kept."
+    )
+    except_columns: tuple[Identifier, ...] = Field(
+        default=(), description="Columns to leave out (not keys); not together with `columns`."
+    )
+    deleted_key_retention: Retention = Field(
+        default="7 days",
+        description="How long deleted keys are remembered (to drop late older changes), "
+        "e.g. `7 days`.",
+    )
+    partition_by: tuple[Identifier, ...] = Field(
+        default=(), description="Partition columns of the current table (columns it keeps)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CurrentSpec:
+        if self.columns and self.except_columns:
+            raise _error("give columns or except_columns, not both", "except_columns")
+        keys = [c for c in self.except_columns if c in self.keys]
+        if keys:
+            raise _error(
+                f"may not name a key column ({', '.join(keys)}): keys are always kept",
+                "except_columns",
+            )
+        return self
+
+    def kept_columns(self, schema_columns: Iterable[str]) -> tuple[str, ...]:
+        """The schema columns the current table keeps, in schema order (keys always)."""
+        return tuple(
+            c
+            for c in schema_columns
+            if c in self.keys
+            or (c in self.columns if self.columns else c not in self.except_columns)
+        )
+
+
+class SilverSpec(_Model):
+    """Parse the bronze Kafka payloads into typed silver tables."""
+
+    model_config = ConfigDict(
+        json_schema_extra=lambda schema: schema.update(
+            required=[k for k in schema.get("required", []) if k not in ("events", "quarantine")]
+        )
+    )
+
+    format: Literal["json", "debezium"] = Field(
+        description="Payload format: `json` (one JSON object per record, the row itself) or "
+        "`debezium` (Debezium change events, JSON with or without the schema envelope)."
+    )
+    schema_ddl: SchemaDDL = Field(
+        validation_alias="schema",
+        serialization_alias="schema",
+        description="Columns of the parsed row: a Spark DDL string "
+        "(`id BIGINT, name STRING`) or a mapping of column to type (`{id: bigint}`).",
+    )
+    event_time: Identifier | None = Field(
+        default=None,
+        description="Column of the schema holding the event time; default: Debezium's "
+        "`source.ts_ms` (debezium) or the Kafka timestamp (json).",
+    )
+    chaining: Literal["stream", "bronze_batch"] = Field(
+        default="stream",
+        description="`stream`: a query of its own reads the bronze table (own checkpoint); "
+        "`bronze_batch`: silver is written within bronze's micro-batch.",
+    )
+    max_files_per_trigger: int | None = Field(
+        default=None,
+        gt=0,
+        description="`chaining: stream` only: at most this many bronze files per silver "
+        "micro-batch (Delta's `maxFilesPerTrigger`; default 1000), so a rebuild from a large "
+        "bronze table runs in bounded batches.",
+    )
+    events: SilverTable = Field(
+        description="The append-only table of parsed events; default table: `silver_<flow>_events`."
+    )
+    quarantine: SilverTable = Field(
+        description="Records that fail to parse, with the reasons; default table: "
+        "`silver_<flow>_quarantine`."
+    )
+    current: CurrentSpec | None = Field(
+        default=None, description="The compacted current-state table (optional)."
+    )
+
+    def columns(self) -> tuple[str, ...]:
+        """Column names of :attr:`schema_ddl`, in order."""
+        return _ddl_columns(self.schema_ddl)
+
+    @property
+    def sequence_expression(self) -> str:
+        """``current.sequence_by``, or the format's default (:data:`DEFAULT_SEQUENCE_BY`)."""
+        if self.current is not None and self.current.sequence_by:
+            return self.current.sequence_by
+        return DEFAULT_SEQUENCE_BY[self.format]
+
+    @model_validator(mode="after")
+    def _check(self) -> SilverSpec:
+        columns = self.columns()
+        known = f"columns of schema: {', '.join(columns)}"
+        if self.event_time is not None and self.event_time not in columns:
+            raise _error(f"{self.event_time!r} is not a column of schema ({known})", "event_time")
+        current = self.current
+        if current is None:
+            return self
+        for name in ("keys", "columns", "except_columns"):
+            for column in getattr(current, name):
+                if column not in columns:
+                    raise _error(
+                        f"{column!r} is not a column of schema ({known})", f"current.{name}"
+                    )
+        kept = current.kept_columns(columns)
+        for column in current.partition_by:
+            if column not in kept:
+                raise _error(
+                    f"{column!r} is not a column of the current table ({', '.join(kept)})",
+                    "current.partition_by",
+                )
+        if current.delete_when is not None and self.format != "json":
+            raise _error(
+                "only with format json (debezium deletes are the events with op = 'd')",
+                "current.delete_when",
+            )
+        sequence = current.sequence_by
+        if sequence is not None and IDENTIFIER_RE.match(sequence):
+            metadata = [
+                c
+                for c in EVENT_METADATA_COLUMNS
+                if c not in ("_sequence", "_event_date") and c not in _NULL_METADATA[self.format]
+            ]
+            if sequence not in columns and sequence not in metadata:
+                raise _error(
+                    f"{sequence!r} is neither a column of schema nor one of {', '.join(metadata)} "
+                    f"(format {self.format}); give a column or a SQL expression",
+                    "current.sequence_by",
+                )
+        return self
+
+
+# --- the flow -------------------------------------------------------------------------------------
+
+#: The spec field naming each role's table, for errors.
+_TABLE_FIELDS = {
+    "bronze": "target",
+    "events": "silver.events.table",
+    "quarantine": "silver.quarantine.table",
+    "current": "silver.current.table",
+}
+
+
+class FlowSpec(_Model):
+    """A validated flow: ``source`` into the bronze table ``target``, optionally on into silver."""
+
+    _internal_fields: ClassVar[tuple[str, ...]] = ("spec_file",)
+
+    name: Identifier = Field(
+        description="Name of the flow (unique): its Dagster assets, checkpoint folder and query."
+    )
+    description: StrictStr = Field(default="", description="What the flow carries, for people.")
+    source: Source = Field(discriminator="kind", description="Where the records come from.")
+    target: Target = Field(description="The bronze Delta table.")
+    trigger: Trigger = Field(
+        default=Trigger(), description="When micro-batches run; default: `available_now`."
+    )
+    silver: SilverSpec | None = Field(
+        default=None, description="Parse the payloads into silver tables (Kafka sources only)."
+    )
+    spec_file: SkipJsonSchema[str] = Field(
+        default="<inline>", description="The file the spec was read from (set by the loader)."
+    )
+
+    @classmethod
+    def _prepare(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if info.context and "where" in info.context:
+            data["spec_file"] = info.context["where"]
+        silver, name = data.get("silver"), data.get("name")
+        if isinstance(silver, dict) and isinstance(name, str) and IDENTIFIER_RE.match(name):
+            defaults = {
+                role: {"table": f"silver_{name}_{role}"}
+                for role in ("events", "quarantine")
+                if silver.get(role) is None
+            }
+            data["silver"] = {**silver, **defaults}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> FlowSpec:
+        if isinstance(self.source, FileSource) and "topic" in self.target.partition_by:
+            raise _error("a files source has no topic column", "target.partition_by")
+        if self.silver is not None and not isinstance(self.source, KafkaSource):
+            raise _error(
+                "silver parses Kafka payloads; a files source lands typed columns in bronze "
+                "already: silver over files is not supported yet",
+                "silver",
+            )
+        seen: dict[str, str] = {}
+        for role, table in self.tables():
+            if table in seen:
+                raise _error(
+                    f"{table!r} is already the {seen[table]} table; give each table of a flow "
+                    "its own name",
+                    _TABLE_FIELDS[role] + (".table" if role == "bronze" else ""),
+                )
+            seen[table] = role
+        return self
+
+    def tables(self) -> list[tuple[str, str]]:
+        """``(role, table)`` of every table the flow writes: bronze, then silver's if any."""
+        tables = [("bronze", self.target.table)]
+        if self.silver is not None:
+            tables += [("events", self.silver.events.table)]
+            tables += [("quarantine", self.silver.quarantine.table)]
+            if self.silver.current is not None:
+                tables += [("current", self.silver.current.table)]
+        return tables
+
+
+# --- loading --------------------------------------------------------------------------------------
 
 
 def load_spec(path: Path) -> FlowSpec:
@@ -154,137 +689,120 @@ def load_spec(path: Path) -> FlowSpec:
 
 
 def load_specs(folder: Path) -> list[FlowSpec]:
-    """All specs in ``folder`` (``*.yaml``), sorted by name; flow and table names must be unique."""
+    """All specs in ``folder`` (``*.yaml``), sorted by name; flow and table names must be unique
+    (the tables of every stage: bronze and silver)."""
     specs = sorted((load_spec(p) for p in sorted(folder.glob("*.yaml"))), key=lambda s: s.name)
-    for attribute in ("name", "target"):
-        seen: dict[str, str] = {}
-        for spec in specs:
-            value = spec.name if attribute == "name" else spec.target.table
-            if value in seen:
+    names: dict[str, str] = {}
+    for spec in specs:
+        if spec.name in names:
+            raise SpecError(
+                f"{spec.spec_file}: name: {spec.name!r} is already used by {names[spec.name]}"
+            )
+        names[spec.name] = spec.spec_file
+    tables: dict[str, str] = {}
+    for spec in specs:
+        for role, table in spec.tables():
+            if table in tables:
                 raise SpecError(
-                    f"{spec.spec_file}: {attribute}: {value!r} is already used by {seen[value]}"
+                    f"{spec.spec_file}: {_TABLE_FIELDS[role]}: {table!r} is already used by "
+                    f"{tables[table]}"
                 )
-            seen[value] = spec.spec_file
+            tables[table] = spec.spec_file
     return specs
 
 
 def parse_spec(data: Any, where: str = "<inline>") -> FlowSpec:
     """Validate a spec given as a parsed YAML mapping."""
-    top = _Reader(data, where, "")
-    top.only("name", "description", "source", "target", "trigger")
-    name = top.identifier("name", top.get("name", str, required=True))
-    trigger = _parse_trigger(top)
-    source = _parse_source(top.sub("source"))
-    target = _parse_target(top.sub("target"))
-    if isinstance(source, FileSource) and "topic" in target.partition_by:
-        raise SpecError(f"{where}: target.partition_by: a files source has no topic column")
-    return FlowSpec(
-        name=name,
-        source=source,
-        target=target,
-        trigger=trigger,
-        description=top.get("description", str, ""),
-        spec_file=where,
-    )
+    try:
+        return FlowSpec.model_validate(data, context={"yaml": True, "where": where})
+    except ValidationError as exc:
+        raise SpecError(f"{where}: {_describe(exc.errors(include_url=False)[0])}") from None
 
 
-def _parse_source(r: _Reader) -> Source:
-    kind = r.get("kind", str, required=True)
-    if kind == "kafka":
-        return _parse_kafka(r)
-    if kind == "files":
-        return _parse_files(r)
-    raise r.error("kind", f"unknown source kind {kind!r}; known kinds: kafka, files")
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a flow spec file (``conflux schema``), with the YAML key names."""
+    schema = FlowSpec.model_json_schema(by_alias=True, mode="validation")
+    schema.pop("title", None)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Conflux flow spec",
+        **schema,
+    }
 
 
-def _parse_kafka(r: _Reader) -> KafkaSource:
-    r.only(
-        "kind", "topics", "pattern", "starting_offsets", "starting_timestamp_ms",
-        "max_offsets_per_trigger", "fail_on_data_loss", "bootstrap_servers", "options",
-    )  # fmt: skip
-    topics = tuple(r.get("topics", list, []))
-    pattern = r.get("pattern", str)
-    if bool(topics) == bool(pattern):
-        raise r.error("topics", "give exactly one of topics (a non-empty list) or pattern")
-    for topic in topics:
-        if not isinstance(topic, str) or not TOPIC_RE.match(topic):
-            raise r.error("topics", f"{topic!r} is not a valid Kafka topic name")
-    starting = r.get("starting_offsets", str, "earliest")
-    timestamp = r.get("starting_timestamp_ms", int)
-    if starting not in ("earliest", "latest", "timestamp"):
-        raise r.error("starting_offsets", "must be earliest, latest or timestamp")
-    if (starting == "timestamp") != (timestamp is not None):
-        raise r.error(
-            "starting_timestamp_ms", "is required exactly when starting_offsets is timestamp"
+# --- pydantic errors in our words -----------------------------------------------------------------
+
+_TYPE_NAMES = {
+    "string_type": "str",
+    "int_type": "int",
+    "bool_type": "bool",
+    "float_type": "float",
+    "dict_type": "dict",
+    "model_type": "dict",
+    "model_attributes_type": "dict",
+    "list_type": "list",
+    "tuple_type": "list",
+}
+#: How a ``Literal`` field names a wrong value, by field; default: ``unknown <field> 'x'; known: ...``.
+_LITERAL_WORDING: dict[str, Callable[[str, list[str]], str]] = {
+    "mode": lambda value, known: f"unknown trigger mode {value!r}; known: {', '.join(known)}",
+    "format": lambda value, known: f"unknown format {value!r}; known: {', '.join(known)}",
+    "starting_offsets": lambda _value, known: f"must be {', '.join(known[:-1])} or {known[-1]}",
+}
+
+
+def _field_path(loc: tuple[int | str, ...]) -> list[str]:
+    """The dotted field of a pydantic location: no list indices, no union tags."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            continue
+        if parts == ["source"] and item in SOURCE_KINDS:
+            continue  # the discriminated union's tag
+        parts.append(item)
+    return parts
+
+
+def _describe(error: ErrorDetails) -> str:
+    """``dotted.field: message`` (or the message alone for the whole spec)."""
+    parts = _field_path(error["loc"])
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    if kind == "conflux_spec":
+        parts += [p for p in str(ctx.get("field", "")).split(".") if p]
+        message = str(ctx["message"])
+    elif kind == "missing":
+        message = "is required"
+    elif kind == "union_tag_not_found":
+        parts.append("kind")
+        message = "is required"
+    elif kind == "union_tag_invalid":
+        parts.append("kind")
+        tag = value.get("kind") if isinstance(value, dict) else None
+        known = ", ".join(re.findall(r"'([^']*)'", str(ctx.get("expected_tags", ""))))
+        message = (
+            f"unknown {parts[-2]} kind {tag!r}; known kinds: {known}"
+            if isinstance(tag, str)
+            else f"expected str, got {type(tag).__name__}"
         )
-    options = r.string_map("options")
-    bad = [k for k in options if not k.startswith("kafka.")]
-    if bad:
-        raise r.error("options", f"only kafka.* client options pass through, not {bad}")
-    return KafkaSource(
-        topics=topics,
-        pattern=pattern,
-        starting_offsets=starting,
-        starting_timestamp_ms=timestamp,
-        max_offsets_per_trigger=r.positive("max_offsets_per_trigger"),
-        fail_on_data_loss=r.get("fail_on_data_loss", bool, True),
-        bootstrap_servers=r.get("bootstrap_servers", str),
-        options=options,
-    )
-
-
-def _parse_files(r: _Reader) -> FileSource:
-    r.only("kind", "path", "format", "max_files_per_trigger", "archive_dir", "options")
-    fmt = r.get("format", str, "json")
-    if fmt not in FILE_FORMATS:
-        raise r.error("format", f"unknown format {fmt!r}; known: {', '.join(FILE_FORMATS)}")
-    return FileSource(
-        path=str(_local_path(r, "path", r.get("path", str, required=True))),
-        format=fmt,
-        max_files_per_trigger=r.positive("max_files_per_trigger"),
-        archive_dir=r.get("archive_dir", str),
-        options=r.string_map("options"),
-    )
-
-
-def _parse_target(r: _Reader) -> Target:
-    r.only("table", "path", "partition_by")
-    partition_by = tuple(r.get("partition_by", list, []))
-    for column in partition_by:
-        r.identifier("partition_by", str(column))
-        if column not in BRONZE_PARTITION_COLUMNS:
-            raise r.error(
-                "partition_by",
-                f"bronze can be partitioned by {', '.join(BRONZE_PARTITION_COLUMNS)}, not {column!r}",
-            )
-    return Target(
-        table=r.identifier("table", r.get("table", str, required=True)),
-        path=_local_path(r, "path", r.get("path", str)),
-        partition_by=partition_by,
-    )
-
-
-def _local_path(r: _Reader, key: str, value: str | None) -> str | None:
-    """Paths are local or on a mounted shared filesystem for now: the lease, identity and stop
-    files beside a flow's checkpoint need one. Refuse a URI instead of misreading it."""
-    if value is not None and "://" in value:
-        raise r.error(
-            key,
-            f"{value!r} is a URI; Conflux reads and writes local or mounted paths only so far "
-            "(mount the bucket, e.g. with a FUSE or NFS gateway, and give its path)",
+    elif kind == "literal_error":
+        expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        field = parts[-1] if parts else ""
+        wording = _LITERAL_WORDING.get(
+            field, lambda v, k: f"unknown {field} {v!r}; known: {', '.join(k)}"
         )
-    return value
-
-
-def _parse_trigger(top: _Reader) -> Trigger:
-    if "trigger" not in top.data:
-        return Trigger()
-    r = top.sub("trigger")
-    r.only("mode", "interval")
-    mode = r.get("mode", str, "available_now")
-    if mode not in TRIGGER_MODES:
-        raise r.error("mode", f"unknown trigger mode {mode!r}; known: {', '.join(TRIGGER_MODES)}")
-    interval = r.get("interval", str, "5 seconds")
-    if not INTERVAL_RE.match(interval):
-        raise r.error("interval", f"{interval!r} is not an interval such as '5 seconds'")
-    return Trigger(mode=mode, interval=interval)
+        message = (
+            wording(value, expected)
+            if isinstance(value, str)
+            else f"expected str, got {type(value).__name__}"
+        )
+    elif kind in _TYPE_NAMES:
+        if not parts:
+            return f"the spec must be a mapping, got {type(value).__name__}"
+        message = f"expected {_TYPE_NAMES[kind]}, got {type(value).__name__}"
+    elif kind == "greater_than" and ctx.get("gt") == 0:
+        message = "must be a positive integer"
+    elif kind == "too_short":
+        message = "is empty; give at least one"
+    else:
+        message = error["msg"]
+    return f"{'.'.join(parts)}: {message}" if parts else message

@@ -1,4 +1,5 @@
-"""Print what the demo wrote: row counts, a sample and the Delta history of each bronze table."""
+"""Print what the demo wrote: row counts, a sample and the Delta history of each bronze table, and
+for flows with a silver section its events (a sample), current-state and quarantine tables."""
 
 from __future__ import annotations
 
@@ -8,12 +9,44 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.locations import FlowLocations
-from pipelines.settings import load_settings
+from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.settings import Settings, load_settings
 from pipelines.spark import get_spark_session
-from pipelines.spec import load_specs
+from pipelines.spec import FlowSpec, load_specs
+
+
+def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
+    """The flow's silver tables: a sample of events, every current row, the quarantine's reasons."""
+    silver = spec.silver
+    if silver is None:
+        return
+    events_path = str(silver_table_path(settings, silver.events.table, silver.events.path))
+    if not DeltaTable.isDeltaTable(spark, events_path):
+        print(f"\n== {silver.events.table}: not written yet")
+        return
+    events = spark.read.format("delta").load(events_path)
+    keys = list(silver.current.keys) if silver.current else list(silver.columns()[:1])
+    print(f"\n== silver events table {silver.events.table} at {events_path}: {events.count()} rows")
+    events.select(*keys, "_op", "_sequence", "_event_date").orderBy(F.desc("_sequence")).show(
+        8, truncate=False
+    )
+    if silver.current is not None:
+        current = silver.current
+        path = str(silver_table_path(settings, current.table, current.path))
+        table = spark.read.format("delta").load(path)
+        rows = table.count()
+        print(f"== silver current-state table {current.table} at {path}: {rows} rows (live keys)")
+        table.orderBy(*current.keys).show(max(rows, 1), truncate=40)
+    path = str(silver_table_path(settings, silver.quarantine.table, silver.quarantine.path))
+    if DeltaTable.isDeltaTable(spark, path):
+        quarantine = spark.read.format("delta").load(path)
+        print(f"== silver quarantine table {silver.quarantine.table}: {quarantine.count()} records")
+        quarantine.select(
+            "partition", "offset", F.concat_ws("; ", "reasons").alias("reasons")
+        ).orderBy("partition", "offset").show(20, truncate=False)
 
 
 def main() -> int:
@@ -42,6 +75,7 @@ def main() -> int:
         DeltaTable.forPath(spark, path).history(5).select(
             "version", "timestamp", "operation", "operationMetrics.numOutputRows"
         ).show(truncate=False)
+        show_silver(spark, spec, settings)
     spark.stop()
     return 0
 

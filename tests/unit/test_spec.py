@@ -2,9 +2,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from pipelines.settings import PROJECT_ROOT
-from pipelines.spec import FileSource, KafkaSource, SpecError, load_spec, load_specs, parse_spec
+from pipelines.spec import (
+    FileSource,
+    FlowSpec,
+    KafkaSource,
+    SpecError,
+    Target,
+    Trigger,
+    load_spec,
+    load_specs,
+    parse_spec,
+)
 
 
 def kafka_spec(**overrides: Any) -> dict[str, Any]:
@@ -122,3 +134,187 @@ def test_a_uri_path_is_refused_instead_of_misread() -> None:
                 "target": {"table": "orders", "path": "s3a://lake/orders"},
             }
         )
+
+
+def silver_spec(**silver: Any) -> dict[str, Any]:
+    return kafka_spec(
+        silver={"format": "debezium", "schema": "id BIGINT, name STRING, ts TIMESTAMP", **silver}
+    )
+
+
+def test_silver_defaults() -> None:
+    spec = parse_spec(silver_spec(current={"table": "customers", "keys": ["id"]}))
+    assert spec.silver is not None and spec.silver.current is not None
+    assert spec.silver.events.table == "silver_orders_events"
+    assert spec.silver.quarantine.table == "silver_orders_quarantine"
+    assert spec.silver.chaining == "stream"
+    assert spec.silver.columns() == ("id", "name", "ts")
+    assert spec.silver.sequence_expression == "_source_lsn"
+    assert spec.silver.current.keys == ("id",)
+    assert spec.silver.current.deleted_key_retention == "7 days"
+    assert spec.tables() == [
+        ("bronze", "bronze_orders"),
+        ("events", "silver_orders_events"),
+        ("quarantine", "silver_orders_quarantine"),
+        ("current", "customers"),
+    ]
+    assert parse_spec(kafka_spec()).silver is None
+    assert parse_spec(kafka_spec()).tables() == [("bronze", "bronze_orders")]
+
+
+def test_silver_schema_mapping_becomes_ddl_and_json_sequences_by_offset() -> None:
+    spec = parse_spec(
+        kafka_spec(silver={"format": "json", "schema": {"id": "bigint", "price": "decimal(10,2)"}})
+    )
+    assert spec.silver is not None
+    assert spec.silver.schema_ddl == "id bigint, price decimal(10,2)"
+    assert spec.silver.columns() == ("id", "price")
+    assert spec.silver.sequence_expression == "_source_offset"
+
+
+def test_ddl_columns_split_on_top_level_commas_only() -> None:
+    ddl = "id BIGINT, m MAP<STRING, INT>, `from` DECIMAL(10, 2) COMMENT 'a, b', s STRUCT<a: INT, b: INT>"
+    spec = parse_spec(silver_spec(schema=ddl))
+    assert spec.silver is not None and spec.silver.columns() == ("id", "m", "from", "s")
+
+
+def test_silver_current_options() -> None:
+    current = {
+        "table": "customers",
+        "keys": ["id"],
+        "sequence_by": "coalesce(_source_lsn, 0)",
+        "except_columns": ["ts"],
+        "partition_by": ["name"],
+        "deleted_key_retention": "30 days",
+        "ignore_null_updates": True,
+    }
+    spec = parse_spec(silver_spec(current=current, events={"table": "ev", "path": "/lake/ev"}))
+    assert spec.silver is not None and spec.silver.current is not None
+    assert spec.silver.sequence_expression == "coalesce(_source_lsn, 0)"
+    assert spec.silver.current.kept_columns(spec.silver.columns()) == ("id", "name")
+    assert spec.silver.events.path == "/lake/ev"
+
+
+CURRENT = {"table": "cur", "keys": ["id"]}
+
+
+@pytest.mark.parametrize(
+    ("silver", "message"),
+    [
+        ({"format": "avro"}, r"silver.format: unknown format 'avro'; known: json, debezium"),
+        ({"schema": None}, r"silver.schema: is required"),
+        ({"schema": ""}, r"silver.schema: is empty"),
+        ({"schema": "id"}, r"silver.schema: column 'id' has no type"),
+        ({"schema": "1id int"}, r"silver.schema: column '1id' is not a valid identifier"),
+        ({"schema": "id int, ID string"}, r"silver.schema: column 'ID' appears twice"),
+        ({"schema": {"id": 5}}, r"silver.schema: column 'id': expected a type string, got int"),
+        ({"schema_ddl": "id int"}, r"silver.schema_ddl: unknown field; allowed: format, schema"),
+        ({"chaining": "later"}, r"silver.chaining: unknown chaining 'later'"),
+        ({"event_time": "when"}, r"silver.event_time: 'when' is not a column of schema"),
+        ({"events": {"table": "a b"}}, r"silver.events.table: 'a b' is not a valid identifier"),
+        (
+            {"quarantine": {"table": "bronze_orders"}},
+            r"silver.quarantine.table: 'bronze_orders' is already",
+        ),
+        ({"current": {"table": "cur"}}, r"silver.current.keys: is required"),
+        ({"current": {**CURRENT, "keys": []}}, r"silver.current.keys: is empty"),
+        ({"current": {**CURRENT, "keys": ["idd"]}}, r"silver.current.keys: 'idd' is not a column"),
+        (
+            {"current": {**CURRENT, "columns": ["x"]}},
+            r"silver.current.columns: 'x' is not a column",
+        ),
+        (
+            {"current": {**CURRENT, "except_columns": ["id"]}},
+            r"silver.current.except_columns: may not name a key",
+        ),
+        (
+            {"current": {**CURRENT, "columns": ["name"], "except_columns": ["ts"]}},
+            r"silver.current.except_columns: give columns or except_columns, not both",
+        ),
+        (
+            {"current": {**CURRENT, "columns": ["name"], "partition_by": ["ts"]}},
+            r"silver.current.partition_by: 'ts' is not a column of the current table",
+        ),
+        (
+            {"current": {**CURRENT, "delete_when": "name = 'x'"}},
+            r"silver.current.delete_when: only with format json",
+        ),
+        (
+            {"current": {**CURRENT, "sequence_by": "lsn"}},
+            r"silver.current.sequence_by: 'lsn' is neither a column of schema",
+        ),
+        (
+            {"format": "json", "current": {**CURRENT, "sequence_by": "_source_lsn"}},
+            r"silver.current.sequence_by: '_source_lsn' is neither",
+        ),
+        (
+            {"current": {**CURRENT, "deleted_key_retention": "1 week"}},
+            r"silver.current.deleted_key_retention: '1 week' is not a retention",
+        ),
+        ({"current": {**CURRENT, "keys": "id"}}, r"silver.current.keys: expected list, got str"),
+        (
+            {"current": {**CURRENT, "ignore_null_updates": "yes"}},
+            r"silver.current.ignore_null_updates: expected bool, got str",
+        ),
+        ({"current": {**CURRENT, "path": "s3a://x"}}, r"silver.current.path: 's3a://x' is a URI"),
+        ({"currnt": CURRENT}, r"silver.currnt: unknown field; allowed: format, schema, event_time"),
+    ],
+)
+def test_invalid_silver_specs_name_the_field(silver: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=rf"^flows/x.yaml: {message}"):
+        parse_spec(silver_spec(**silver), where="flows/x.yaml")
+
+
+def test_silver_needs_a_kafka_source() -> None:
+    data = silver_spec()
+    data["source"] = {"kind": "files", "path": "landing/x"}
+    with pytest.raises(SpecError, match=r"^flows/x.yaml: silver: silver parses Kafka payloads"):
+        parse_spec(data, where="flows/x.yaml")
+
+
+def test_json_format_may_delete_by_condition() -> None:
+    current = {**CURRENT, "delete_when": "status = 'deleted'"}
+    spec = parse_spec(silver_spec(format="json", current=current))
+    assert spec.silver is not None and spec.silver.current is not None
+    assert spec.silver.current.delete_when == "status = 'deleted'"
+
+
+def test_silver_tables_are_unique_across_flows(tmp_path: Path) -> None:
+    for name, table in (("a", "shared"), ("b", "shared")):
+        spec = silver_spec(events={"table": table})
+        spec["name"], spec["target"] = name, {"table": f"bronze_{name}"}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match=r"b.yaml: silver.events.table: 'shared' is already used"):
+        load_specs(tmp_path)
+
+
+def test_more_type_errors_use_python_type_names() -> None:
+    cases = [
+        ({"source__fail_on_data_loss": "yes"}, "source.fail_on_data_loss: expected bool, got str"),
+        (
+            {"source__max_offsets_per_trigger": "5"},
+            "source.max_offsets_per_trigger: expected int, got str",
+        ),
+        ({"source__topics": "orders"}, "source.topics: expected list, got str"),
+        ({"source": {"topics": ["x"]}}, "source.kind: is required"),
+        ({"trigger": "now"}, "trigger: expected dict, got str"),
+        ({"spec_file": "x"}, "spec_file: unknown field; allowed: name, description, source"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(SpecError) as caught:
+            parse_spec(kafka_spec(**overrides), where="flows/x.yaml")
+        assert str(caught.value).startswith(f"flows/x.yaml: {message}")
+    with pytest.raises(SpecError, match=r"^flows/x.yaml: the spec must be a mapping, got NoneType"):
+        parse_spec(None, where="flows/x.yaml")
+
+
+def test_specs_are_frozen_typed_models_callers_can_build() -> None:
+    spec = FlowSpec(name="x", source=KafkaSource(topics=("t",)), target=Target(table="t"))
+    assert (
+        spec.source.kind == "kafka" and spec.trigger == Trigger() and spec.spec_file == "<inline>"
+    )
+    assert FileSource(path="in").kind == "files"
+    assert parse_spec(kafka_spec(), where="flows/x.yaml").spec_file == "flows/x.yaml"
+    assert spec.model_copy(update={"name": "y"}).name == "y"
+    with pytest.raises(ValidationError):
+        spec.name = "y"  # type: ignore[misc]

@@ -21,19 +21,18 @@ Delta skipped.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.delta_writes import append_idempotently, table_properties
 from pipelines.identity import FlowIdentity, resolve_identity, write_identity
 from pipelines.lease import LeaseGuard
 from pipelines.locations import FlowLocations
-from pipelines.progress import BatchCommit, delta_version
+from pipelines.progress import BatchCommit
 from pipelines.settings import Settings
 from pipelines.sources import SourceReader, source_reader
 from pipelines.spec import FlowSpec
@@ -46,45 +45,11 @@ def with_ingestion_columns(frame: DataFrame) -> DataFrame:
     )
 
 
-def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:
-    """The Delta table's properties, or None if there is no Delta table at ``path``."""
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    row = DeltaTable.forPath(spark, path).detail().select("properties").first()
-    return dict(row["properties"] or {}) if row is not None else {}
-
-
-def commit_actions(spark: SparkSession, table_path: str, version: int) -> list[dict[str, Any]]:
-    """The actions of the Delta commit ``version``, read from ``_delta_log`` with no Spark job.
-
-    Goes through Hadoop's FileSystem, so it reads wherever Spark can (local, HDFS, object stores).
-    """
-    jvm: Any = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(f"{table_path}/_delta_log/{version:020d}.json")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    stream = fs.open(path)
-    try:
-        text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-    finally:
-        stream.close()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def find_commit(
-    spark: SparkSession, table_path: str, versions: range, app_id: str, batch_id: int
-) -> tuple[int, int] | None:
-    """(version, rows added) of the commit in ``versions`` that carries txn (app_id, batch_id)."""
-    for version in versions:
-        actions = commit_actions(spark, table_path, version)
-        txns = [a["txn"] for a in actions if "txn" in a]
-        if any(t.get("appId") == app_id and int(t.get("version", -1)) == batch_id for t in txns):
-            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            return version, int((info.get("operationMetrics") or {}).get("numOutputRows", 0))
-    return None
-
-
 class BronzeStage:
     """One flow's bronze stream: the source, written by ``foreachBatch`` with Delta txn ids."""
+
+    kind = "bronze"
+    own_query = True
 
     def __init__(
         self,
@@ -100,10 +65,14 @@ class BronzeStage:
         self.guard = guard
         self.on_commit = on_commit
         self.table_path = str(self.locations.table)
+        self.query_name = spec.name
+        self.tables = {"bronze": (spec.target.table, self.table_path)}
+        self.checkpoint: Path = self.locations.checkpoint
         self.identity: FlowIdentity | None = None
+        self._stream: DataFrame | None = None
 
-    def prepare(self, spark: SparkSession) -> DataFrame:
-        """Check the flow's identity, create or stamp the table; return the source stream.
+    def prepare(self, spark: SparkSession) -> None:
+        """Check the flow's identity, create or stamp the table.
 
         Raises:
             IdentityError: the checkpoint and the table disagree (see :mod:`pipelines.identity`).
@@ -116,7 +85,11 @@ class BronzeStage:
             self._stamp_table(spark, identity, with_ingestion_columns(stream))
         write_identity(self.locations, identity)
         self.identity = identity
-        return stream
+        self._stream = stream
+
+    def input_stream(self, spark: SparkSession) -> DataFrame:
+        """The source's stream (what :meth:`prepare` opened)."""
+        return self._stream if self._stream is not None else self.reader.stream(spark)
 
     def _stamp_table(self, spark: SparkSession, identity: FlowIdentity, shape: DataFrame) -> None:
         """Create the table with the identity properties, or set them on an existing table."""
@@ -133,43 +106,30 @@ class BronzeStage:
             builder = builder.property(key, value)
         builder.execute()
 
-    def start(self, spark: SparkSession, trigger_mode: str | None = None) -> StreamingQuery:
-        """Start the flow's query; ``trigger_mode`` overrides the spec's trigger mode."""
-        stream = self.prepare(spark)
-        self.locations.checkpoint.mkdir(parents=True, exist_ok=True)
-        writer = (
-            stream.writeStream.queryName(self.spec.name)
-            .option("checkpointLocation", str(self.locations.checkpoint))
-            .foreachBatch(self.write_batch)
-        )
-        if (trigger_mode or self.spec.trigger.mode) == "available_now":
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=self.spec.trigger.interval)
-        return writer.start()
+    def rows(self, batch: DataFrame) -> DataFrame:
+        """The rows bronze writes for a micro-batch of the source (what later stages read)."""
+        return with_ingestion_columns(self.reader.prepare_batch(batch))
 
-    def write_batch(self, batch: DataFrame, batch_id: int) -> None:
+    def write_batch(self, batch: DataFrame, batch_id: int) -> BatchCommit:
         """Write one micro-batch idempotently; runs in the driver for every batch."""
+        return self.write_rows(self.rows(batch), batch_id)
+
+    def write_rows(self, rows: DataFrame, batch_id: int) -> BatchCommit:
+        """Append bronze rows (see :meth:`rows`) under the batch's transaction id."""
         assert self.identity is not None, "prepare() runs before the query starts"
         if self.guard is not None:
             self.guard.check()  # LeaseLostError fails the query before anything is written
-        spark = batch.sparkSession
-        before = delta_version(spark, self.table_path)
-        frame = with_ingestion_columns(self.reader.prepare_batch(batch))
-        app_id = self.identity.txn_app_id
-        writer = (
-            frame.write.format("delta")
-            .mode("append")
-            .option("txnAppId", app_id)
-            .option("txnVersion", str(batch_id))
+        write = append_idempotently(
+            rows,
+            self.spec.target.table,
+            "bronze",
+            self.table_path,
+            self.identity.txn_app_id,
+            batch_id,
+            self.spec.target.partition_by,
         )
-        if self.spec.target.partition_by:
-            writer = writer.partitionBy(*self.spec.target.partition_by)
-        writer.save(self.table_path)
-        after = delta_version(spark, self.table_path)
-        # Versions committed by this write, if any: a replay Delta skipped adds none, even when
-        # the newest commit is that very batch's first attempt.
-        new_versions = range((-1 if before is None else before) + 1, (after or 0) + 1)
-        found = find_commit(spark, self.table_path, new_versions, app_id, batch_id)
-        version, rows = found if found is not None else (None, 0)
-        self.on_commit(BatchCommit(self.spec.name, batch_id, version, rows, found is None))
+        commit = BatchCommit(
+            self.spec.name, batch_id, write.version, write.rows, write.skipped, writes=(write,)
+        )
+        self.on_commit(commit)
+        return commit

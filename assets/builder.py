@@ -1,0 +1,83 @@
+"""The one builder of Conflux's Dagster definitions: every flow spec in the flows folder.
+
+Both the ``ConfluxFlows`` component (:mod:`assets.component`) and :mod:`assets.definitions`
+(what workspace.yaml loads) build their definitions here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job
+
+from assets.flows import flow_assets, source_specs
+from assets.keys import flow_asset_keys
+from assets.resources import SparkSubmitResource, pyspark_resource
+from assets.sensors import dead_run_worker_sensor
+from pipelines.locations import check_distinct_tables
+from pipelines.settings import load_settings
+from pipelines.spec import FlowSpec, SpecError, load_specs
+
+
+def select_flows(specs: list[FlowSpec], names: Sequence[str] | None, where: Path) -> list[FlowSpec]:
+    """The specs named in ``names`` (all of them when None); a name without a spec is an error."""
+    if names is None:
+        return specs
+    known = {spec.name for spec in specs}
+    missing = [name for name in names if name not in known]
+    if missing:
+        raise SpecError(
+            f"flows: no spec in {where} for {', '.join(missing)}; "
+            f"the flows there are: {', '.join(sorted(known)) or 'none'}"
+        )
+    return [spec for spec in specs if spec.name in set(names)]
+
+
+def build_definitions(
+    flows_dir: Path | None = None, flows: Sequence[str] | None = None
+) -> Definitions:
+    """Assets, jobs, schedule, sensor and resources of the flow specs in ``flows_dir``.
+
+    ``flows_dir`` defaults to the settings' (``CONFLUX_FLOWS_DIR``); ``flows`` keeps only the
+    flows of those names.
+    """
+    settings = load_settings()
+    if flows_dir is not None:
+        settings = replace(settings, flows_dir=flows_dir)
+    specs = select_flows(load_specs(settings.flows_dir), flows, settings.flows_dir)
+    check_distinct_tables(specs, settings)
+    sources = {s.key: s for spec in specs for s in source_specs(spec)}
+    incremental = [
+        key
+        for spec in specs
+        if spec.trigger.mode == "available_now"
+        for key in flow_asset_keys(spec)
+    ]
+    jobs = [
+        define_asset_job(
+            f"run_{spec.name}",
+            selection=AssetSelection.assets(*flow_asset_keys(spec)),
+            description=f"Run flow {spec.name} ({spec.trigger.mode}).",
+        )
+        for spec in specs
+    ]
+    ingest_job = define_asset_job(
+        "ingest_incremental",
+        selection=AssetSelection.assets(*incremental),
+        description="Catch up every available_now flow, then end.",
+    )
+    return Definitions(
+        assets=[*sources.values(), *(flow_assets(spec, settings) for spec in specs)],
+        jobs=[*jobs, ingest_job],
+        schedules=[
+            ScheduleDefinition(
+                name="ingest_incremental_every_15_minutes",
+                job=ingest_job,
+                cron_schedule="*/15 * * * *",
+            )
+        ],
+        sensors=[dead_run_worker_sensor(specs, settings)],
+        resources={"spark_submit": SparkSubmitResource(), "pyspark": pyspark_resource()},
+    )

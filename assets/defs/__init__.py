@@ -1,0 +1,1 @@
+"""The dg defs folder: one ConfluxFlows component instance (conflux_flows/defs.yaml)."""

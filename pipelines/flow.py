@@ -1,0 +1,129 @@
+"""A flow is a pipeline of stages (source → bronze → silver …), composed here and nowhere else.
+
+:func:`build_stages` makes the stages a spec declares, in order (:data:`STAGE_KINDS`). Each stage
+either runs as its own streaming query with its own checkpoint, reading what the stage before it
+wrote (silver reads the bronze table as a Delta stream), or is *fused*: it writes inside the
+previous query's ``foreachBatch``, on the very rows that query just wrote, under that query's batch
+ids. Both are exactly once for the same reason: every write carries the batch id of the query it
+runs in as its Delta transaction version (:mod:`pipelines.delta_writes`).
+
+With the ``available_now`` trigger a stage's own query must not start before the stage it reads
+has caught up (its snapshot of the input is taken at start), so :meth:`FlowPipeline.phases` puts
+them in successive phases; continuous queries all run at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from pipelines.lease import LeaseGuard
+from pipelines.progress import BatchCommit, ProgressTracker
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec
+from pipelines.stages import Stage
+from pipelines.stages.bronze import BronzeStage
+from pipelines.stages.silver import SilverStage
+
+OnCommit = Callable[[BatchCommit], None]
+#: Stage kinds in flow order: whether a spec declares the stage, and how to build it.
+STAGE_KINDS: list[
+    tuple[
+        str,
+        Callable[[FlowSpec], bool],
+        Callable[[FlowSpec, Settings, LeaseGuard | None, OnCommit], Stage],
+    ]
+] = [
+    ("bronze", lambda spec: True, BronzeStage),
+    ("silver", lambda spec: spec.silver is not None, SilverStage),
+]
+
+
+def main_table(stage: Stage) -> str:
+    """The path progress reports for a stage (bronze: its table; silver: current or events)."""
+    if isinstance(stage, BronzeStage):
+        return stage.table_path
+    assert isinstance(stage, SilverStage)
+    return stage.current_path or stage.events_path
+
+
+@dataclass
+class FlowPipeline:
+    """The stages of one flow and the queries that run them."""
+
+    spec: FlowSpec
+    settings: Settings
+    guard: LeaseGuard | None
+    tracker: ProgressTracker
+    stages: list[Stage] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stages = []
+        query = self.spec.name
+        for kind, declared, build in STAGE_KINDS:
+            if not declared(self.spec):
+                continue
+            runs_in: dict[str, str] = {}
+            stage = build(self.spec, self.settings, self.guard, self._recorder(runs_in))
+            query = stage.query_name if stage.own_query else query
+            runs_in["query"] = query
+            self.stages.append(stage)
+            self.tracker.track(self.spec.name, kind, main_table(stage), stage.tables)
+
+    def _recorder(self, runs_in: dict[str, str]) -> OnCommit:
+        """Records a stage's commits under the query whose batch it runs in."""
+        return lambda commit: self.tracker.record_commit(commit, runs_in["query"])
+
+    def prepare(self, spark: SparkSession) -> None:
+        for stage in self.stages:
+            stage.prepare(spark)
+
+    def phases(self, trigger_mode: str | None) -> list[list[Stage]]:
+        """The stages that start a query, grouped in the phases they run in (see module doc)."""
+        heads = [s for s in self.stages if s.own_query]
+        if (trigger_mode or self.spec.trigger.mode) == "available_now":
+            return [[stage] for stage in heads]
+        return [heads]
+
+    def fused_after(self, head: Stage) -> list[Stage]:
+        """The stages that write inside ``head``'s query."""
+        index = self.stages.index(head)
+        fused: list[Stage] = []
+        for stage in self.stages[index + 1 :]:
+            if stage.own_query:
+                break
+            fused.append(stage)
+        return fused
+
+    def start(self, head: Stage, spark: SparkSession, trigger_mode: str | None) -> StreamingQuery:
+        """Start the query of ``head`` (a stage with its own query) and the stages fused into it."""
+        fused = self.fused_after(head)
+
+        def write(batch: DataFrame, batch_id: int) -> None:
+            if not fused:
+                head.write_batch(batch, batch_id)
+                return
+            assert isinstance(head, BronzeStage), "only bronze has stages fused into it"
+            rows = head.rows(batch).persist()  # one ingestion time for bronze and what follows
+            try:
+                head.write_rows(rows, batch_id)
+                for stage in fused:
+                    stage.write_batch(rows, batch_id)
+            finally:
+                rows.unpersist()
+
+        head.checkpoint.mkdir(parents=True, exist_ok=True)
+        writer = (
+            head.input_stream(spark)
+            .writeStream.queryName(head.query_name)
+            .option("checkpointLocation", str(head.checkpoint))
+            .foreachBatch(write)
+        )
+        if (trigger_mode or self.spec.trigger.mode) == "available_now":
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=self.spec.trigger.interval)
+        return writer.start()

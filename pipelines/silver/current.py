@@ -1,0 +1,149 @@
+"""Current-state (SCD type 1) tables: the latest row per key, kept from a change stream by MERGE.
+
+The model is a compacted Kafka topic: the table holds the newest version of every live key, and a
+delete removes the key. "Newest" is decided by the declared sequence (``sequence_by``), never by
+arrival order, so out-of-order and duplicated events converge to the same table:
+
+1. :func:`reduce_batch` turns a micro-batch's events into one row per key: the event with the
+   highest ``(_sequence, partition, offset)``. With ``ignore_null_updates`` each column is instead
+   the newest non-null value among the key's events after its last delete in the batch, and
+   ``_replaces`` says that the row follows a delete in the same batch (so it replaces the stored
+   row instead of completing it).
+2. Deleted keys are remembered in a side table ``<table>__deleted_keys`` (key, ``_sequence``,
+   ``_deleted_at``) for ``deleted_key_retention``: an upsert not newer than a key's delete is
+   dropped before the MERGE, so a late update cannot resurrect a deleted key. The current table
+   itself holds live rows only, and its change data feed shows deletes as deletes.
+3. :func:`merge_current` applies the batch: a newer delete deletes, a newer upsert updates, an
+   unknown key is inserted unless the event is a delete; anything not newer than the stored
+   ``_sequence`` changes nothing. :func:`merge_deleted_keys` records the batch's deletes and
+   drops tombstones past their retention.
+
+Both MERGEs run under the batch's transaction id (:func:`pipelines.delta_writes.idempotent_session`,
+one app id per table), so a replayed batch changes neither table again.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from pipelines.spec import CurrentSpec, SilverSpec
+
+#: Columns of a current-state table after its key and value columns.
+CURRENT_METADATA = ("_sequence", "_op", "_event_time", "_updated_at")
+#: Columns of the deleted-keys side table after the key columns.
+DELETED_KEYS_METADATA = ("_sequence", "_deleted_at")
+_ORDER = "_order"
+
+
+def value_columns(spec: SilverSpec) -> list[str]:
+    """The non-key columns the current table keeps (``columns`` / ``except_columns`` applied)."""
+    current = _current(spec)
+    names = [c for c in spec.columns() if c not in current.keys]
+    if current.columns:
+        names = [c for c in names if c in current.columns]
+    return [c for c in names if c not in current.except_columns]
+
+
+def _current(spec: SilverSpec) -> CurrentSpec:
+    assert spec.current is not None, "only silver stages with a current table reach here"
+    return spec.current
+
+
+def _quoted(name: str) -> str:
+    return f"`{name}`"
+
+
+def reduce_batch(events: DataFrame, spec: SilverSpec) -> DataFrame:
+    """One row per key: what the batch's events for that key amount to (see module doc)."""
+    current = _current(spec)
+    keys = list(current.keys)
+    order = F.struct("_sequence", "_source_partition", "_source_offset")
+    last_delete = F.max(F.when(F.col("_op") == "d", F.col(_ORDER))).over(Window.partitionBy(*keys))
+    ranked = events.withColumn(_ORDER, order).withColumn("_last_delete", last_delete)
+    after_delete = F.col("_last_delete").isNull() | (F.col(_ORDER) > F.col("_last_delete"))
+
+    def newest(column: str) -> Column:
+        if current.ignore_null_updates:
+            ordering = F.when(F.col(column).isNotNull() & after_delete, F.col(_ORDER))
+            return F.max_by(column, ordering).alias(column)
+        return F.max_by(column, _ORDER).alias(column)
+
+    return ranked.groupBy(*keys).agg(
+        *(newest(c) for c in value_columns(spec)),
+        F.max_by("_sequence", _ORDER).alias("_sequence"),
+        F.max_by("_op", _ORDER).alias("_op"),
+        F.max_by("_event_time", _ORDER).alias("_event_time"),
+        F.max("_last_delete").isNotNull().alias("_replaces"),
+    )
+
+
+def drop_deleted(reduced: DataFrame, deleted_keys: DataFrame, spec: SilverSpec) -> DataFrame:
+    """Upserts not newer than their key's remembered delete are dropped; deletes pass."""
+    keys = list(_current(spec).keys)
+    tombstones = deleted_keys.select(*keys, F.col("_sequence").alias("_deleted_sequence"))
+    return (
+        reduced.join(tombstones, keys, "left")
+        .where(
+            (F.col("_op") == "d")
+            | F.col("_deleted_sequence").isNull()
+            | (F.col("_sequence") > F.col("_deleted_sequence"))
+        )
+        .drop("_deleted_sequence")
+    )
+
+
+def merge_current(target: DeltaTable, source: DataFrame, spec: SilverSpec) -> None:
+    """MERGE one reduced batch into the current-state table (run under the batch's txn id)."""
+    current = _current(spec)
+    on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in current.keys)
+    newer = "s._sequence > t._sequence"
+    values = value_columns(spec)
+    if current.ignore_null_updates:
+        updates: dict[str, str | Column] = {
+            _quoted(c): f"CASE WHEN s._replaces THEN s.{_quoted(c)} "
+            f"ELSE coalesce(s.{_quoted(c)}, t.{_quoted(c)}) END"
+            for c in values
+        }
+    else:
+        updates = {_quoted(c): f"s.{_quoted(c)}" for c in values}
+    metadata: dict[str, str | Column] = {
+        "_sequence": "s._sequence",
+        "_op": "s._op",
+        "_event_time": "s._event_time",
+        "_updated_at": "current_timestamp()",
+    }
+    inserts: dict[str, str | Column] = {
+        _quoted(c): f"s.{_quoted(c)}" for c in (*current.keys, *values)
+    }
+    (
+        target.alias("t")
+        .merge(source.alias("s"), on)
+        .whenMatchedDelete(condition=f"{newer} AND s._op = 'd'")
+        .whenMatchedUpdate(condition=newer, set={**updates, **metadata})
+        .whenNotMatchedInsert(condition="s._op <> 'd'", values={**inserts, **metadata})
+        .execute()
+    )
+
+
+def merge_deleted_keys(target: DeltaTable, reduced: DataFrame, spec: SilverSpec) -> None:
+    """Remember the batch's deletes; forget tombstones older than ``deleted_key_retention``."""
+    current = _current(spec)
+    on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in current.keys)
+    deletes = reduced.where(F.col("_op") == "d").select(*current.keys, "_sequence")
+    stamp: dict[str, str | Column] = {
+        "_sequence": "s._sequence",
+        "_deleted_at": "current_timestamp()",
+    }
+    expired = f"t._deleted_at < current_timestamp() - INTERVAL {current.deleted_key_retention}"
+    (
+        target.alias("t")
+        .merge(deletes.alias("s"), on)
+        .whenMatchedUpdate(condition="s._sequence > t._sequence", set=stamp)
+        .whenNotMatchedInsert(
+            values={**{_quoted(k): f"s.{_quoted(k)}" for k in current.keys}, **stamp}
+        )
+        .whenNotMatchedBySourceDelete(condition=expired)
+        .execute()
+    )

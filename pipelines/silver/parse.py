@@ -1,0 +1,307 @@
+"""Parsing bronze records into silver events, and everything that cannot be parsed into quarantine.
+
+:func:`parse_batch` turns one micro-batch of bronze rows (raw Kafka ``key`` / ``value`` bytes and
+their coordinates) into one DataFrame in which every row is either a silver event or a quarantined
+record, told apart by :data:`REASONS` (an empty array for an event). It is a single projection: no
+row is read twice and nothing is collected; the stage persists it and splits it.
+
+Checks, in order, each adding its reason (the first that fails decides what the later ones see):
+
+1. the value is valid UTF-8 (checked on the bytes: a cast to string would silently replace them);
+2. the value is JSON, and a JSON object;
+3. it matches the declared schema (Spark's ``from_json`` in PERMISSIVE mode fills a corrupt-record
+   column when a value does not fit its declared type; the columns at fault are named);
+4. for Debezium: the op is one of c, u, d, r, and the row image the op needs (``after`` for c/u/r,
+   ``before`` for d) is present;
+5. the key columns and the sequence value are not null.
+
+Formats:
+
+``json``
+    The value is a JSON object with the schema's columns. A *tombstone* (a record whose value is
+    null, as in a compacted topic) deletes its key: the key columns are read from the Kafka key,
+    a JSON object (``{"id": 7}``) or, for a single key column, its text (``7``). A declared
+    ``delete_when`` condition marks other deletes. ``_op`` is ``u`` (an upsert) or ``d``.
+``debezium``
+    Debezium's change-event envelope (``before``, ``after``, ``op``, ``ts_ms``, ``source``), bare or
+    wrapped in ``{"schema": ..., "payload": ...}`` by the JSON converter. ``_source_lsn`` is the
+    change's log position (``source.lsn``, or MySQL's ``source.pos``) and ``_source_ts_ms`` its
+    commit time in the source database. A tombstone after a delete carries no position and is
+    ignored: the delete already happened, at its own position.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from pipelines.spec import SilverSpec
+
+REASONS = "_reasons"
+CORRUPT = "_corrupt_record"
+DEBEZIUM_OPS = ("c", "u", "d", "r")
+#: Columns every silver event carries after the schema's own, in order (see ARCHITECTURE.md).
+EVENT_METADATA = (
+    "_op",
+    "_sequence",
+    "_event_time",
+    "_event_date",
+    "_source_topic",
+    "_source_partition",
+    "_source_offset",
+    "_source_timestamp",
+    "_source_ts_ms",
+    "_source_lsn",
+    "_ingested_at",
+    "_batch_id",
+)
+#: The quarantine table's columns, in order.
+QUARANTINE_COLUMNS = (
+    "flow",
+    "batch_id",
+    "topic",
+    "partition",
+    "offset",
+    "kafka_timestamp",
+    "raw_key",
+    "raw_value",
+    "reasons",
+    "quarantined_at",
+)
+_ENVELOPE_FIELDS = ("before", "after", "op", "ts_ms", "source")
+_SOURCE_STRUCT = "ts_ms BIGINT, lsn BIGINT, pos BIGINT, snapshot STRING, db STRING, table STRING"
+
+
+def ddl_struct(ddl: str) -> StructType:
+    """A Spark DDL column list (``id BIGINT, name STRING``) as a StructType (needs a session)."""
+    struct = StructType.fromDDL(ddl)
+    assert isinstance(struct, StructType), ddl
+    return struct
+
+
+def _permissive(schema: StructType) -> dict[str, str]:
+    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+
+
+def _with_corrupt(schema: StructType) -> StructType:
+    return StructType([*schema.fields, StructField(CORRUPT, StringType())])
+
+
+def envelope_schema(row: StructType) -> StructType:
+    """The Debezium envelope with ``row`` as its before/after image, bare or under ``payload``."""
+    fields = [
+        StructField("before", row),
+        StructField("after", row),
+        StructField("op", StringType()),
+        StructField("ts_ms", LongType()),
+        StructField("source", ddl_struct(_SOURCE_STRUCT)),
+    ]
+    return StructType([*fields, StructField("payload", StructType(fields))])
+
+
+def _reason_when(condition: Column, message: Column | str) -> Column:
+    text = message if isinstance(message, Column) else F.lit(message)
+    return F.when(condition, text)
+
+
+def _mismatched_columns(text: Column, row: StructType, parsed: Column, prefix: str) -> Column:
+    """Names of the columns whose JSON value is present but did not fit its declared type."""
+    names = [
+        F.when(
+            F.get_json_object(text, f"$.{prefix}{field.name}").isNotNull()
+            & parsed[field.name].isNull(),
+            F.lit(f"{prefix}{field.name} ({field.dataType.simpleString()})"),
+        )
+        for field in row.fields
+    ]
+    return F.nullif(F.concat_ws(", ", *names), F.lit(""))
+
+
+def _parse_failure(text: Column, utf8_ok: Column, parsed: Column, mismatch: Column) -> Column:
+    """Why a value did not parse, or null. ``parsed`` is ``from_json`` of it with a corrupt-record
+    column; the costlier checks run only for the few values that did not parse (CASE branches
+    are evaluated lazily, row by row)."""
+    return (
+        F.when(~utf8_ok, F.lit("value is not valid UTF-8"))
+        .when(parsed.isNull(), F.lit("value is not valid JSON"))  # blank
+        .when(parsed[CORRUPT].isNull(), F.lit(None).cast("string"))
+        .when(F.try_parse_json(text).isNull(), F.lit("value is not valid JSON"))
+        .when(~F.ltrim(text).startswith("{"), F.lit("value is JSON but not a JSON object"))
+        .otherwise(
+            F.concat(
+                F.lit("value does not match the declared schema: "),
+                F.coalesce(mismatch, F.lit("a value of another type")),
+            )
+        )
+    )
+
+
+def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
+    """Parse bronze rows into silver events; failed rows keep their bytes and gain reasons.
+
+    The result has the schema's columns, :data:`EVENT_METADATA`, ``raw_key`` / ``raw_value`` and
+    :data:`REASONS`; Debezium tombstones are left out.
+    """
+    row = ddl_struct(spec.schema_ddl)
+    value_text = F.col("value").cast("string")
+    utf8_ok = F.is_valid_utf8(value_text)
+    is_tombstone = F.col("value").isNull()
+    frame = batch
+    if spec.format == "debezium":
+        frame = frame.where(~is_tombstone)
+        envelope = F.from_json(
+            F.when(utf8_ok, value_text), _with_corrupt(envelope_schema(row)), _permissive(row)
+        )
+        frame = frame.withColumn("_env", envelope)
+        bare = F.struct(*(F.col(f"_env.{name}").alias(name) for name in _ENVELOPE_FIELDS))
+        env = F.when(F.col("_env.payload").isNotNull(), F.col("_env.payload")).otherwise(bare)
+        frame = frame.withColumn("_payload", env)
+        op = F.col("_payload.op")
+        image = F.when(op == "d", F.col("_payload.before")).otherwise(F.col("_payload.after"))
+        mismatch_names = F.nullif(
+            F.concat_ws(
+                ", ",
+                *(
+                    _mismatched_columns(
+                        value_text, row, F.col(f"_payload.{side}"), f"{prefix}{side}."
+                    )
+                    for prefix in ("", "payload.")
+                    for side in ("after", "before")
+                ),
+            ),
+            F.lit(""),
+        )
+        frame = frame.withColumn(
+            "_parse_failure",
+            _parse_failure(value_text, utf8_ok, F.col("_env"), mismatch_names),
+        )
+        parsed_ok = F.col("_parse_failure").isNull()
+        reasons: list[Column] = [F.col("_parse_failure")]
+        reasons += [
+            _reason_when(
+                parsed_ok & op.isNull(),
+                "Debezium envelope has no op",
+            ),
+            _reason_when(
+                parsed_ok & op.isNotNull() & ~op.isin(*DEBEZIUM_OPS),
+                F.concat(F.lit("unknown Debezium op '"), op, F.lit("' (known: c, u, d, r)")),
+            ),
+            _reason_when(
+                parsed_ok & op.isin(*DEBEZIUM_OPS) & image.isNull(),
+                F.concat(
+                    F.lit("Debezium op '"),
+                    op,
+                    F.lit("' has no "),
+                    F.when(op == "d", F.lit("before")).otherwise(F.lit("after")),
+                    F.lit(" image"),
+                ),
+            ),
+        ]
+        frame = frame.withColumn("_image", image)
+        columns = [F.col("_image")[f.name].alias(f.name) for f in row.fields]
+        op_column = op
+        ts_ms = F.col("_payload.source.ts_ms")
+        lsn = F.coalesce(F.col("_payload.source.lsn"), F.col("_payload.source.pos"))
+        default_event_time = F.coalesce(
+            F.timestamp_millis(ts_ms), F.timestamp_millis(F.col("_payload.ts_ms"))
+        )
+    else:
+        parsed = F.from_json(F.when(utf8_ok, value_text), _with_corrupt(row), _permissive(row))
+        frame = frame.withColumn("_parsed", parsed)
+        mismatch_names = _mismatched_columns(value_text, row, F.col("_parsed"), "")
+        failure = _parse_failure(value_text, utf8_ok, F.col("_parsed"), mismatch_names)
+        reasons = [F.when(~is_tombstone, failure)]
+        key_fields = [row[name] for name in (spec.current.keys if spec.current else ())]
+        key_text = F.col("key").cast("string")
+        key_struct = F.from_json(key_text, StructType(key_fields)) if key_fields else None
+        columns = []
+        for field in row.fields:
+            value = F.col("_parsed")[field.name]
+            if key_struct is not None and field.name in (spec.current.keys if spec.current else ()):
+                from_key = key_struct[field.name]
+                if len(key_fields) == 1:
+                    from_key = F.coalesce(from_key, key_text.try_cast(field.dataType))
+                value = F.when(is_tombstone, from_key).otherwise(value)
+            columns.append(value.alias(field.name))
+        op_column = F.when(is_tombstone, F.lit("d")).otherwise(F.lit("u"))
+        ts_ms = F.lit(None).cast("long")
+        lsn = F.lit(None).cast("long")
+        default_event_time = F.col("kafka_timestamp")
+
+    frame = frame.select(
+        *columns,
+        op_column.alias("_op"),
+        ts_ms.alias("_source_ts_ms"),
+        lsn.alias("_source_lsn"),
+        F.col("topic").alias("_source_topic"),
+        F.col("partition").alias("_source_partition"),
+        F.col("offset").alias("_source_offset"),
+        F.col("kafka_timestamp").alias("_source_timestamp"),
+        F.col("ingested_at").alias("_ingested_at"),
+        default_event_time.alias("_default_event_time"),
+        F.col("key").alias("raw_key"),
+        F.col("value").alias("raw_value"),
+        F.filter(F.array(*reasons), lambda r: r.isNotNull()).alias(REASONS),
+    )
+    if spec.format == "json" and spec.current is not None and spec.current.delete_when:
+        frame = frame.withColumn(
+            "_op",
+            F.when(
+                F.coalesce(F.expr(spec.current.delete_when), F.lit(False)), F.lit("d")
+            ).otherwise(F.col("_op")),
+        )
+    event_time = (
+        F.coalesce(F.col(spec.event_time).cast("timestamp"), F.col("_default_event_time"))
+        if spec.event_time
+        else F.col("_default_event_time")
+    )
+    frame = (
+        frame.withColumn("_sequence", F.expr(spec.sequence_expression))
+        .withColumn("_event_time", F.coalesce(event_time, F.col("_source_timestamp")))
+        .withColumn("_event_date", F.to_date("_event_time"))
+        .withColumn("_batch_id", F.lit(batch_id).cast("long"))
+        .drop("_default_event_time")
+    )
+    frame = frame.withColumn(REASONS, F.concat(F.col(REASONS), _row_reasons(spec)))
+    return frame
+
+
+def _row_reasons(spec: SilverSpec) -> Column:
+    """Reasons about a parsed row: a missing key, a null sequence (only once the row parsed)."""
+    parsed = F.size(F.col(REASONS)) == 0
+    checks: list[Column] = []
+    if spec.current is not None:
+        for key in spec.current.keys:
+            checks.append(_reason_when(parsed & F.col(key).isNull(), f"missing key column {key}"))
+        checks.append(
+            _reason_when(
+                parsed & F.col("_sequence").isNull(),
+                f"sequence value is null (sequence_by: {spec.sequence_expression})",
+            )
+        )
+    if not checks:
+        return F.array().cast("array<string>")
+    return F.filter(F.array(*checks), lambda r: r.isNotNull())
+
+
+def events_of(parsed: DataFrame, spec: SilverSpec) -> DataFrame:
+    """The parsed rows that are silver events, in the events table's column order."""
+    names = [*spec.columns(), *EVENT_METADATA]
+    return parsed.where(F.size(REASONS) == 0).select(*names)
+
+
+def quarantine_of(parsed: DataFrame, flow: str) -> DataFrame:
+    """The parsed rows that failed, in the quarantine table's shape."""
+    return parsed.where(F.size(REASONS) > 0).select(
+        F.lit(flow).alias("flow"),
+        F.col("_batch_id").alias("batch_id"),
+        F.col("_source_topic").alias("topic"),
+        F.col("_source_partition").alias("partition"),
+        F.col("_source_offset").alias("offset"),
+        F.col("_source_timestamp").alias("kafka_timestamp"),
+        "raw_key",
+        "raw_value",
+        F.col(REASONS).alias("reasons"),
+        F.current_timestamp().alias("quarantined_at"),
+    )

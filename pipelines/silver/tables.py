@@ -1,0 +1,241 @@
+"""The silver stage's tables: created from the spec, and checked against it at every start.
+
+A silver table is only correct for the spec that built it. Its table properties record the flow
+that owns it (``conflux.flow`` / ``flowId`` / ``generation``, as for bronze) and the parts of the
+spec its content depends on (``conflux.silver.*``: format, keys, sequence). At start,
+:func:`check_table` compares them and the table's schema and partitioning with the spec and
+refuses, naming the change and the way forward, whenever continuing would mix two meanings in one
+table: other keys or another sequence, a column removed or retyped, other partition columns, or a
+checkpoint that no longer matches the table. A column added to the schema is added to the table.
+
+The way forward is always a rebuild from bronze, which keeps every record: ``conflux reset FLOW
+--stage silver`` moves the silver tables and the silver checkpoint aside, and the next run reads
+the whole bronze table again into new silver tables.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructField, StructType
+
+from pipelines.errors import ConfigError
+from pipelines.identity import (
+    FLOW_ID_PROPERTY,
+    FLOW_PROPERTY,
+    GENERATION_PROPERTY,
+    FlowIdentity,
+    IdentityError,
+)
+from pipelines.lease import FlowLease, new_owner_id, owner_details
+from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec
+
+FORMAT_PROPERTY = "conflux.silver.format"
+KEYS_PROPERTY = "conflux.silver.keys"
+SEQUENCE_PROPERTY = "conflux.silver.sequenceBy"
+
+
+@dataclass(frozen=True)
+class TableDesign:
+    """What the spec says one silver table must be."""
+
+    role: str
+    table: str
+    path: str
+    schema: StructType
+    partition_by: tuple[str, ...] = ()
+    spec_properties: Mapping[str, str] = field(default_factory=dict)
+    delta_properties: Mapping[str, str] = field(default_factory=dict)
+    #: The spec field a user edits to change this table, for messages.
+    spec_field: str = "silver"
+
+
+def _type_change(old: StructField, new: StructField) -> str | None:
+    if old.dataType == new.dataType:
+        return None
+    return f"column {new.name} changed type from {old.dataType.simpleString()} to {new.dataType.simpleString()}"
+
+
+def schema_changes(existing: StructType, wanted: StructType) -> tuple[list[str], list[StructField]]:
+    """(incompatible changes, columns to add) from the table's schema to the spec's."""
+    have = {f.name: f for f in existing.fields}
+    want = {f.name: f for f in wanted.fields}
+    problems = [f"column {name} was removed" for name in have if name not in want]
+    problems += [
+        p for name, f in want.items() if name in have for p in [_type_change(have[name], f)] if p
+    ]
+    added = [f for name, f in want.items() if name not in have]
+    return problems, added
+
+
+def check_table(
+    design: TableDesign,
+    identity: FlowIdentity,
+    properties: Mapping[str, str] | None,
+    schema: StructType | None,
+    partition_columns: Sequence[str],
+    has_data: bool,
+    checkpoint_committed: bool,
+    where: str,
+) -> str:
+    """Whether to ``create`` the table, ``stamp`` it with this identity, or use it as it is (``ok``).
+
+    Raises:
+        IdentityError: the table cannot be continued under this spec and checkpoint.
+    """
+    rebuild = (
+        f"`conflux reset {identity.flow} --stage silver` (rebuilds the silver tables from bronze)"
+    )
+    what = f"{where}: {design.spec_field}: the {design.role} table {design.table} at {design.path}"
+    if properties is None:
+        if checkpoint_committed:
+            raise IdentityError(
+                f"{what} is missing, but the silver checkpoint has committed batches, so those "
+                f"events would never be written again. Restore the table, or run {rebuild}."
+            )
+        return "create"
+    if properties.get(FLOW_ID_PROPERTY) is None:
+        raise IdentityError(
+            f"{what} already holds a Delta table that no Conflux flow wrote. Point "
+            f"{design.spec_field} at another table, or move that table away."
+        )
+    if properties[FLOW_ID_PROPERTY] != identity.flow_id:
+        raise IdentityError(
+            f"{what} belongs to flow {properties.get(FLOW_PROPERTY)} (flow id "
+            f"{properties[FLOW_ID_PROPERTY]}), not to this flow: give it another table name."
+        )
+    changes = [
+        f"{label} changed from {properties.get(key)!r} to {value!r}"
+        for key, value in design.spec_properties.items()
+        for label in [key.rsplit(".", 1)[-1]]
+        if properties.get(key) is not None and properties.get(key) != value
+    ]
+    assert schema is not None
+    problems, _ = schema_changes(schema, design.schema)
+    changes += problems
+    if tuple(partition_columns) != tuple(design.partition_by):
+        changes.append(
+            f"partitioning changed from {list(partition_columns)} to {list(design.partition_by)}"
+        )
+    if changes:
+        raise IdentityError(
+            f"{what} was built under another spec: {'; '.join(changes)}. Its rows would mean "
+            f"something else under the new spec. Change the spec back, or run {rebuild}."
+        )
+    table_generation = int(properties.get(GENERATION_PROPERTY, "0"))
+    if table_generation > identity.generation:
+        raise IdentityError(
+            f"{what} was written by generation {table_generation} of this flow, but the "
+            f"checkpoint is generation {identity.generation}: an older checkpoint was restored. "
+            f"Restore the matching one, or run {rebuild}."
+        )
+    if not checkpoint_committed and has_data:
+        raise IdentityError(
+            f"{what} holds rows, but the silver checkpoint has no committed batch: starting "
+            f"again would read bronze from its start and write those rows twice. Restore the "
+            f"checkpoint, or run {rebuild}."
+        )
+    return "stamp" if table_generation != identity.generation else "ok"
+
+
+def ensure_table(
+    spark: SparkSession,
+    design: TableDesign,
+    identity: FlowIdentity,
+    checkpoint_committed: bool,
+    where: str,
+) -> None:
+    """Create, stamp or evolve one silver table so that it matches ``design`` (see :func:`check_table`)."""
+    exists = DeltaTable.isDeltaTable(spark, design.path)
+    properties = schema = None
+    partitions: list[str] = []
+    has_data = False
+    if exists:
+        detail = DeltaTable.forPath(spark, design.path).detail().first()
+        assert detail is not None
+        properties = dict(detail["properties"] or {})
+        partitions = list(detail["partitionColumns"] or [])
+        has_data = int(detail["numFiles"] or 0) > 0
+        schema = spark.read.format("delta").load(design.path).schema
+    action = check_table(
+        design, identity, properties, schema, partitions, has_data, checkpoint_committed, where
+    )
+    stamp = {**identity.table_properties(), **design.spec_properties}
+    if action == "create":
+        builder = (
+            DeltaTable.createIfNotExists(spark).location(design.path).addColumns(design.schema)
+        )
+        if design.partition_by:
+            builder = builder.partitionedBy(*design.partition_by)
+        for key, value in {**design.delta_properties, **stamp}.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        return
+    assert schema is not None
+    _, added = schema_changes(schema, design.schema)
+    if added:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.`{design.path}` ADD COLUMNS ({columns})")
+    missing = {k: v for k, v in stamp.items() if (properties or {}).get(k) != v}
+    if action == "stamp" or missing:
+        assignments = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
+        if assignments:
+            spark.sql(f"ALTER TABLE delta.`{design.path}` SET TBLPROPERTIES ({assignments})")
+
+
+def reset_silver(spec: FlowSpec, settings: Settings) -> list[tuple[str, str]]:
+    """Start the silver stage over from bronze: move its checkpoint and tables aside.
+
+    The next run reads the whole bronze table again into new silver tables (Delta's transaction
+    ids live in each table's log, so new tables need no new app id). Nothing is deleted: the
+    checkpoint goes to the flow's ``_archive/`` and each table to ``<path>.archived-<time>``.
+    Returns (what, where it went) for each thing moved.
+
+    Raises:
+        LeaseHeldError: the flow is running; the reset holds the flow's lease while it moves.
+        ConfigError: the flow has no silver stage, or it runs inside bronze's batches.
+    """
+    where = f"{spec.spec_file}: flow {spec.name}"
+    if spec.silver is None:
+        raise ConfigError(f"{where} has no silver stage to reset")
+    if spec.silver.chaining != "stream":
+        raise ConfigError(
+            f"{where}: silver.chaining: a silver stage written inside bronze's batches has no "
+            "checkpoint of its own to start over from: set chaining: stream to rebuild it from "
+            "bronze, or reset the whole flow with `conflux reset " + spec.name + "`"
+        )
+    locations = FlowLocations.of(spec, settings)
+    lease = FlowLease(spec.name, locations.lease_store(), new_owner_id("reset"), owner_details())
+    lease.acquire()
+    try:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        moved: list[tuple[str, str]] = []
+        checkpoint = locations.stage_checkpoint("silver")
+        if checkpoint.exists():
+            locations.archive_dir.mkdir(parents=True, exist_ok=True)
+            target = locations.archive_dir / f"silver-{stamp}"
+            shutil.move(str(checkpoint), str(target))
+            moved.append((str(checkpoint), str(target)))
+        tables = [spec.silver.events, spec.silver.quarantine]
+        paths = [silver_table_path(settings, t.table, t.path) for t in tables]
+        if spec.silver.current is not None:
+            current = silver_table_path(
+                settings, spec.silver.current.table, spec.silver.current.path
+            )
+            paths += [current, Path(f"{current}__deleted_keys")]
+        for path in paths:
+            if path.exists():
+                target = Path(f"{path}.archived-{stamp}")
+                shutil.move(str(path), str(target))
+                moved.append((str(path), str(target)))
+        return moved
+    finally:
+        lease.release()

@@ -1,0 +1,45 @@
+"""Stages: the steps of a flow (bronze, silver, ...), each a :class:`Stage`, composed by
+:mod:`pipelines.flow`.
+
+Adding a kind of stage means a module here with a class that fits :class:`Stage`, its spec section
+(``pipelines/spec.py``), and one entry in :data:`pipelines.flow.STAGE_KINDS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.progress import BatchCommit
+
+
+class Stage(Protocol):
+    """One step of a flow: prepares its tables, then writes micro-batches of its input."""
+
+    #: ``bronze``, ``silver``, ...
+    kind: str
+    #: The streaming query the stage runs as (``<flow>`` for bronze, ``<flow>.<kind>`` after it).
+    query_name: str
+    #: Whether the stage runs as its own query (else inside the previous stage's batches).
+    own_query: bool
+    #: The Spark checkpoint whose batch ids the stage's writes are idempotent under.
+    checkpoint: Path
+    #: Role (bronze, events, current, quarantine) -> (table name, path) of the tables it writes.
+    tables: dict[str, tuple[str, str]]
+
+    def prepare(self, spark: SparkSession) -> None:
+        """Check the stage's tables against the spec and the checkpoint; create what is missing.
+
+        Runs for every stage of a flow, in order, before any query starts.
+        """
+        ...
+
+    def input_stream(self, spark: SparkSession) -> DataFrame:
+        """The stream the stage's own query reads."""
+        ...
+
+    def write_batch(self, batch: DataFrame, batch_id: int) -> BatchCommit:
+        """Write one micro-batch of the stage's input, idempotently under ``batch_id``."""
+        ...

@@ -1,0 +1,353 @@
+"""Silver stage: parse bronze rows into an events table, a current-state table and a quarantine.
+
+One micro-batch of bronze rows is parsed once (:func:`pipelines.silver.parse.parse_batch`) and
+persisted, then written, each write idempotent under the batch id with an app id of its own
+table (``conflux-<flow id>-g<generation>-<table>``; see :mod:`pipelines.delta_writes`):
+
+1. the events that parsed to the append-only **events table**, partitioned by ``_event_date``:
+   downstream streams and date-range backfills read it (a Delta stream cannot follow a table that
+   MERGE rewrites);
+2. the records that did not to the **quarantine table**, with their bytes and reasons;
+3. when the spec declares ``current``, the batch reduced to one row per key, MERGEd into the
+   **current-state table**, and its deletes into the deleted-keys side table
+   (:mod:`pipelines.silver.current`).
+
+Empty writes are skipped (one aggregation over the persisted batch counts the three kinds of rows
+first). The stage runs either as its own query reading the bronze table as a Delta stream, with its
+own checkpoint (``chaining: stream``), or inside the bronze query's ``foreachBatch`` on the rows
+bronze just wrote (``chaining: bronze_batch``); the batch id, and so the idempotence, is that of
+the query it runs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from pipelines.delta_writes import (
+    TableWrite,
+    append_idempotently,
+    committed_write,
+    idempotent_session,
+)
+from pipelines.identity import FlowIdentity, checkpoint_has_commits, read_identity
+from pipelines.lease import LeaseGuard
+from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.progress import BatchCommit, delta_version
+from pipelines.settings import Settings
+from pipelines.silver import current as current_state
+from pipelines.silver.parse import (
+    EVENT_METADATA,
+    ddl_struct,
+    events_of,
+    parse_batch,
+    quarantine_of,
+)
+from pipelines.silver.tables import (
+    FORMAT_PROPERTY,
+    KEYS_PROPERTY,
+    SEQUENCE_PROPERTY,
+    TableDesign,
+    ensure_table,
+)
+from pipelines.spec import FlowSpec, SilverSpec
+
+STAGE = "silver"
+_EVENT_METADATA_TYPES = {
+    "_op": "string",
+    "_event_time": "timestamp",
+    "_event_date": "date",
+    "_source_topic": "string",
+    "_source_partition": "int",
+    "_source_offset": "long",
+    "_source_timestamp": "timestamp",
+    "_source_ts_ms": "long",
+    "_source_lsn": "long",
+    "_ingested_at": "timestamp",
+    "_batch_id": "long",
+}
+QUARANTINE_DDL = (
+    "flow STRING, batch_id BIGINT, topic STRING, partition INT, offset BIGINT, "
+    "kafka_timestamp TIMESTAMP, raw_key BINARY, raw_value BINARY, reasons ARRAY<STRING>, "
+    "quarantined_at TIMESTAMP"
+)
+
+
+class SilverStage:
+    """One flow's silver stage (see the module doc)."""
+
+    kind = STAGE
+
+    def __init__(
+        self,
+        spec: FlowSpec,
+        settings: Settings,
+        guard: LeaseGuard | None,
+        on_commit: Callable[[BatchCommit], None],
+    ) -> None:
+        assert spec.silver is not None
+        self.spec = spec
+        self.silver: SilverSpec = spec.silver
+        self.locations = FlowLocations.of(spec, settings)
+        self.settings = settings
+        self.guard = guard
+        self.on_commit = on_commit
+        self.query_name = f"{spec.name}.{STAGE}"
+        self.own_query = self.silver.chaining == "stream"
+        self.checkpoint: Path = (
+            self.locations.stage_checkpoint(STAGE) if self.own_query else self.locations.checkpoint
+        )
+        self.events_path = self._path(self.silver.events.table, self.silver.events.path)
+        self.quarantine_path = self._path(self.silver.quarantine.table, self.silver.quarantine.path)
+        current = self.silver.current
+        self.current_path = self._path(current.table, current.path) if current else None
+        self.deleted_path = f"{self.current_path}__deleted_keys" if current else None
+        self.tables = {
+            "events": (self.silver.events.table, self.events_path),
+            "quarantine": (self.silver.quarantine.table, self.quarantine_path),
+        }
+        if current is not None and self.current_path is not None:
+            self.tables["current"] = (current.table, self.current_path)
+        self.identity: FlowIdentity | None = None
+
+    def _path(self, table: str, path: str | None) -> str:
+        return str(silver_table_path(self.settings, table, path))
+
+    def app_id(self, table: str) -> str:
+        assert self.identity is not None, "prepare() runs before any batch"
+        return f"{self.identity.txn_app_id}-{table}"
+
+    # -- start -------------------------------------------------------------------------------
+
+    def designs(self, spark: SparkSession) -> list[TableDesign]:
+        """What each silver table must look like, from the spec and the parser's output schema."""
+        silver = self.silver
+        row = ddl_struct(silver.schema_ddl)
+        sequence_type = self._sequence_type(spark, row)
+        metadata = ddl_struct(
+            ", ".join(
+                f"{name} {_EVENT_METADATA_TYPES.get(name, sequence_type)}"
+                for name in EVENT_METADATA
+            )
+        )
+        spec_properties = {FORMAT_PROPERTY: silver.format}
+        designs = [
+            TableDesign(
+                role="events",
+                table=silver.events.table,
+                path=self.events_path,
+                schema=StructType([*row.fields, *metadata.fields]),
+                partition_by=("_event_date",),
+                spec_properties=spec_properties,
+                spec_field="silver.events",
+            ),
+            TableDesign(
+                role="quarantine",
+                table=silver.quarantine.table,
+                path=self.quarantine_path,
+                schema=ddl_struct(QUARANTINE_DDL),
+                spec_field="silver.quarantine",
+            ),
+        ]
+        current = silver.current
+        if current is not None:
+            assert self.current_path is not None and self.deleted_path is not None
+            keyed = {
+                **spec_properties,
+                KEYS_PROPERTY: ",".join(current.keys),
+                SEQUENCE_PROPERTY: silver.sequence_expression,
+            }
+            keys = [row[k] for k in current.keys]
+            values = [row[c] for c in current_state.value_columns(silver)]
+            designs += [
+                TableDesign(
+                    role="current",
+                    table=current.table,
+                    path=self.current_path,
+                    schema=StructType(
+                        [
+                            *keys,
+                            *values,
+                            *ddl_struct(
+                                f"_sequence {sequence_type}, _op STRING, "
+                                "_event_time TIMESTAMP, _updated_at TIMESTAMP"
+                            ).fields,
+                        ]
+                    ),
+                    partition_by=current.partition_by,
+                    spec_properties=keyed,
+                    delta_properties={"delta.enableChangeDataFeed": "true"},
+                    spec_field="silver.current",
+                ),
+                TableDesign(
+                    role="deleted_keys",
+                    table=f"{current.table}__deleted_keys",
+                    path=self.deleted_path,
+                    schema=StructType(
+                        [
+                            *keys,
+                            *ddl_struct(f"_sequence {sequence_type}, _deleted_at TIMESTAMP").fields,
+                        ]
+                    ),
+                    spec_properties=keyed,
+                    spec_field="silver.current",
+                ),
+            ]
+        return designs
+
+    def _sequence_type(self, spark: SparkSession, row: StructType) -> str:
+        """The type of the sequence expression, found by analysing it on an empty parsed frame."""
+        from pipelines.errors import ConfigError
+
+        empty = spark.createDataFrame(
+            [],
+            ddl_struct(
+                "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
+                "kafka_timestamp TIMESTAMP, ingested_at TIMESTAMP"
+            ),
+        )
+        try:
+            parsed = parse_batch(empty, self.silver, 0)
+            return parsed.schema["_sequence"].dataType.simpleString()
+        except Exception as exc:  # an AnalysisException names the unknown column or bad syntax
+            raise ConfigError(
+                f"{self.spec.spec_file}: silver: the spec's expressions do not analyse against "
+                f"the parsed row ({', '.join(row.fieldNames())} and {', '.join(EVENT_METADATA)}): "
+                f"{str(exc).splitlines()[0]}"
+            ) from exc
+
+    def prepare(self, spark: SparkSession) -> None:
+        """Check the silver tables against the spec and the checkpoint; create what is missing.
+
+        Runs after the bronze stage prepared (the flow's identity exists by then).
+
+        Raises:
+            IdentityError / ConfigError: the tables cannot be continued under this spec.
+        """
+        identity = read_identity(self.locations)
+        assert identity is not None, "the bronze stage writes the flow's identity first"
+        self.identity = identity
+        committed = checkpoint_has_commits(self.checkpoint)
+        for design in self.designs(spark):
+            ensure_table(spark, design, identity, committed, self.spec.spec_file)
+
+    def input_stream(self, spark: SparkSession) -> DataFrame:
+        """The bronze table as a Delta stream: what the stage's own query reads."""
+        reader = spark.readStream.format("delta")
+        if self.silver.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", str(self.silver.max_files_per_trigger))
+        return reader.load(str(self.locations.table))
+
+    # -- every batch -------------------------------------------------------------------------
+
+    def write_batch(self, bronze_rows: DataFrame, batch_id: int) -> BatchCommit:
+        """Parse and write one batch of bronze rows; every write idempotent under ``batch_id``."""
+        if self.guard is not None and self.own_query:
+            self.guard.check()  # LeaseLostError fails the query before anything is written
+        silver = self.silver
+        parsed = parse_batch(bronze_rows, silver, batch_id).persist()
+        try:
+            counts = parsed.agg(
+                F.count_if(F.size("_reasons") == 0).alias("events"),
+                F.count_if(F.size("_reasons") > 0).alias("quarantined"),
+                F.count_if((F.size("_reasons") == 0) & (F.col("_op") == "d")).alias("deletes"),
+            ).first()
+            assert counts is not None
+            writes: list[TableWrite] = []
+            if counts["events"]:
+                writes.append(
+                    append_idempotently(
+                        events_of(parsed, silver),
+                        silver.events.table,
+                        "events",
+                        self.events_path,
+                        self.app_id(silver.events.table),
+                        batch_id,
+                        ("_event_date",),
+                    )
+                )
+            if counts["quarantined"]:
+                writes.append(
+                    append_idempotently(
+                        quarantine_of(parsed, self.spec.name),
+                        silver.quarantine.table,
+                        "quarantine",
+                        self.quarantine_path,
+                        self.app_id(silver.quarantine.table),
+                        batch_id,
+                    )
+                )
+            if silver.current is not None and counts["events"]:
+                writes += self._merge(events_of(parsed, silver), batch_id, counts["deletes"] > 0)
+        finally:
+            parsed.unpersist()
+        commit = BatchCommit(
+            flow=self.spec.name,
+            batch_id=batch_id,
+            table_version=next(
+                (w.version for w in reversed(writes) if w.role != "deleted_keys"), None
+            ),
+            rows_added=sum(w.rows for w in writes if w.role == "events"),
+            replayed=bool(writes) and all(w.skipped for w in writes),
+            stage=STAGE,
+            writes=tuple(writes),
+        )
+        self.on_commit(commit)
+        return commit
+
+    def _merge(
+        self, events: DataFrame, batch_id: int, has_deletes: bool = True
+    ) -> list[TableWrite]:
+        silver = self.silver
+        assert silver.current is not None
+        assert self.current_path is not None and self.deleted_path is not None
+        spark = events.sparkSession
+        reduced = current_state.reduce_batch(events, silver).persist()
+        try:
+            deleted_keys = spark.read.format("delta").load(self.deleted_path)
+            source = current_state.drop_deleted(reduced, deleted_keys, silver)
+            writes = [
+                self._merge_into(
+                    spark,
+                    silver.current.table,
+                    "current",
+                    self.current_path,
+                    batch_id,
+                    lambda target: current_state.merge_current(target, source, silver),
+                )
+            ]
+            if has_deletes:
+                table = f"{silver.current.table}__deleted_keys"
+                writes.append(
+                    self._merge_into(
+                        spark,
+                        table,
+                        "deleted_keys",
+                        self.deleted_path,
+                        batch_id,
+                        lambda target: current_state.merge_deleted_keys(target, reduced, silver),
+                    )
+                )
+            return writes
+        finally:
+            reduced.unpersist()
+
+    def _merge_into(
+        self,
+        spark: SparkSession,
+        table: str,
+        role: str,
+        path: str,
+        batch_id: int,
+        merge: Callable[[DeltaTable], None],
+    ) -> TableWrite:
+        app_id = self.app_id(table)
+        before = delta_version(spark, path)
+        with idempotent_session(spark, app_id, batch_id):
+            merge(DeltaTable.forPath(spark, path))
+        return committed_write(spark, table, role, path, before, app_id, batch_id)

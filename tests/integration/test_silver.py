@@ -1,0 +1,455 @@
+"""Silver equals the change log: a Debezium stream delivered out of order and partly twice, and a
+silver stage killed in the middle of its MERGE batches, still give the current-state table the
+reference model computes (:func:`tests.support.cdc.expected_current_state`).
+
+The stream (:mod:`tests.support.cdc`): inserts, updates, deletes and re-creates of customers, each
+with a strictly increasing ``source.lsn``, every record moved up to 50 positions and 5% delivered
+twice, each key in one Kafka partition (so one key's events really arrive out of lsn order), plus
+one record of each kind silver must quarantine. The flow: bronze, then silver as a query of its
+own (``chaining: stream``, query ``<flow>.silver``, checkpoint ``<checkpoints>/<flow>/silver``)
+writing the events table, the quarantine and the current-state table (keyed by ``id``, sequenced by
+``_source_lsn``), all under ``<lake>/silver/``. delta-rs reads the tables, independently of Spark.
+
+1. :func:`test_silver_current_state_equals_model_under_chaos`: one ``available_now`` run over the
+   whole stream; the current table equals the model, the events table holds every delivered
+   change event (duplicates included) once, the quarantine every bad record with its reason.
+2. :func:`test_kill_during_merge_batches_replays_nothing`: the application is SIGKILLed three
+   times during silver batches, twice after a batch's MERGE committed and before the batch's
+   commit-log entry (the window exactly-once depends on; helpers in :mod:`tests.support.chaos`
+   pause the process group and read the frozen files before each kill), once mid-batch. After a
+   final ``available_now`` run the tables still equal the model, and the Delta log of the current
+   table holds every transaction ``(appId, version)`` in exactly one MERGE commit: the replays
+   were skipped.
+
+Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 10,000) for the first test,
+``SILVER_KILL_KEYS`` (2,000) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small batches) for
+the second; ``CDC_SEED`` fixes the stream, ``KILL_SEED`` replays a kill schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.reporting import Reporter
+from pipelines.runner import EXIT_OK, StopRequest, run_flows
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec, load_spec
+from tests.integration.test_bronze_exactly_once import Launches, write_spec
+from tests.support.cdc import (
+    COLUMNS,
+    SCHEMA_DDL,
+    ChangeEvent,
+    bad_records,
+    delivered_changes,
+    delivery_order,
+    expected_current_state,
+    generate_events,
+    mix_in,
+    produce_cdc,
+    records,
+    typed_row,
+)
+from tests.support.chaos import (
+    AFTER_DELTA_COMMIT,
+    MID_BATCH,
+    POLL_SECONDS,
+    Aim,
+    ChaosError,
+    FlowFiles,
+    Landing,
+    ProcessGroup,
+    RunOutput,
+    kill_mid_batch,
+    seed_from_env,
+)
+from tests.support.runtime import KafkaBroker
+
+CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "10000"))
+KILL_KEYS = int(os.environ.get("SILVER_KILL_KEYS", "2000"))
+MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("SILVER_MAX_OFFSETS_PER_TRIGGER", "400"))
+CDC_SEED = int(os.environ.get("CDC_SEED", "20260101"))
+PARTITIONS = 3
+#: Pauses allowed to aim for a window before the test gives up (each pause costs one batch).
+TRIES = 6
+STAGE = "silver"
+
+
+# --- the flow and its stream ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CdcStream:
+    """What was sent: the change events in commit order, as delivered, and the bad records."""
+
+    events: list[ChangeEvent]
+    delivered: list[ChangeEvent]
+    bad: list[Any]  # tests.support.cdc.BadRecord
+
+    @classmethod
+    def make(cls, keys: int, seed: int) -> CdcStream:
+        events = generate_events(keys, seed)
+        return cls(events, delivery_order(events, seed), bad_records())
+
+    def kafka_records(self) -> list[tuple[bytes | None, bytes | None]]:
+        return mix_in(records(self.delivered), [b.record() for b in self.bad], CDC_SEED)
+
+    def winners(self) -> dict[int, ChangeEvent]:
+        """Per key, the change event with the highest lsn (what decides the current row)."""
+        best: dict[int, ChangeEvent] = {}
+        for event in self.events:
+            if not event.tombstone and (event.id not in best or event.lsn > best[event.id].lsn):
+                best[event.id] = event
+        return best
+
+
+def silver_flow(name: str, topic: str, trigger: dict[str, str], **source: object) -> dict:
+    """A Kafka flow with a Debezium silver stage of its own query and a current-state table."""
+    return {
+        "name": name,
+        "source": {"kind": "kafka", "topics": [topic], **source},
+        "target": {"table": f"bronze_{name}"},
+        "trigger": trigger,
+        "silver": {
+            "format": "debezium",
+            "schema": SCHEMA_DDL,
+            "chaining": "stream",
+            "events": {"table": f"{name}_events"},
+            "quarantine": {"table": f"{name}_quarantine"},
+            "current": {"table": f"{name}_customers", "keys": ["id"], "sequence_by": "_source_lsn"},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class SilverPaths:
+    """Where a flow's silver stage keeps its tables and its checkpoint."""
+
+    events: Path
+    quarantine: Path
+    current: Path
+    checkpoint: Path
+    current_table: str
+
+    @classmethod
+    def of(cls, spec: FlowSpec, settings: Settings) -> SilverPaths:
+        silver = spec.silver
+        assert silver is not None and silver.current is not None
+        return cls(
+            events=silver_table_path(settings, silver.events.table, silver.events.path),
+            quarantine=silver_table_path(settings, silver.quarantine.table, silver.quarantine.path),
+            current=silver_table_path(settings, silver.current.table, silver.current.path),
+            checkpoint=FlowLocations.of(spec, settings).stage_checkpoint(STAGE),
+            current_table=silver.current.table,
+        )
+
+    @property
+    def deleted_keys(self) -> Path:
+        return self.current.parent / f"{self.current.name}__deleted_keys"
+
+    def merge_files(self) -> FlowFiles:
+        """The current table's Delta log against the silver checkpoint's offset and commit logs."""
+        return FlowFiles(self.current, self.checkpoint)
+
+    def events_files(self) -> FlowFiles:
+        return FlowFiles(self.events, self.checkpoint)
+
+
+def rows(path: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """The table's rows as read by delta-rs."""
+    return DeltaTable(str(path)).to_pyarrow_table(columns=columns).to_pylist()
+
+
+# --- what the tables must hold ----------------------------------------------------------------
+
+
+def check_current_state(paths: SilverPaths, stream: CdcStream) -> None:
+    """The current table equals the model, row for row, and remembers the deletes that won."""
+    expected = {
+        key: typed_row(row) for key, row in expected_current_state(stream.delivered).items()
+    }
+    assert expected == {
+        key: typed_row(row) for key, row in expected_current_state(stream.events).items()
+    }
+    table = rows(paths.current, [*COLUMNS, "_sequence", "_op"])
+    ids = Counter(r["id"] for r in table)
+    assert not [k for k, n in ids.items() if n > 1], "one row per key"
+    got = {r["id"]: {c: r[c] for c in COLUMNS} for r in table}
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(got) if got[k] != expected[k])
+    assert not (missing or extra or wrong), (
+        f"current table vs model: {len(missing)} keys missing {missing[:10]}, {len(extra)} extra "
+        f"{extra[:10]}, {len(wrong)} differ, e.g. "
+        + "; ".join(f"{k}: got {got[k]} expected {expected[k]}" for k in wrong[:3])
+    )
+    winners = stream.winners()
+    for row in table:
+        winner = winners[row["id"]]
+        assert (row["_sequence"], row["_op"]) == (winner.lsn, winner.op), row
+    deleted_at_end = {key for key, event in winners.items() if event.op == "d"}
+    assert deleted_at_end, "the stream ends with some keys deleted"
+    remembered = {r["id"] for r in rows(paths.deleted_keys, ["id"])}
+    assert deleted_at_end <= remembered, sorted(deleted_at_end - remembered)[:10]
+
+
+def check_events(paths: SilverPaths, stream: CdcStream) -> None:
+    """Every delivered change event once (a duplicate delivery is a second event), no tombstone."""
+    table = rows(paths.events, ["id", "_op", "_sequence", "_source_lsn", "_event_date"])
+    assert len(table) == delivered_changes(stream.delivered)
+    landed = Counter((r["id"], r["_op"], r["_source_lsn"]) for r in table)
+    sent = Counter((e.id, e.op, e.lsn) for e in stream.delivered if not e.tombstone)
+    assert landed == sent, (
+        f"missing {list((sent - landed).items())[:5]}, extra {list((landed - sent).items())[:5]}"
+    )
+    assert all(r["_sequence"] == r["_source_lsn"] for r in table)
+    assert all(r["_event_date"] is not None for r in table)
+
+
+def check_quarantine(paths: SilverPaths, stream: CdcStream) -> None:
+    """Each bad record once, its bytes kept, with the reason it deserves."""
+    table = rows(paths.quarantine, ["raw_key", "raw_value", "reasons", "topic", "offset"])
+    assert len(table) == len(stream.bad), [r["reasons"] for r in table]
+    for bad in stream.bad:
+        found = [r for r in table if r["raw_value"] == bad.value]
+        assert len(found) == 1, (bad.name, len(found))
+        assert found[0]["raw_key"] == bad.key, bad.name
+        reasons = found[0]["reasons"]
+        assert any(bad.reason in reason for reason in reasons), (bad.name, bad.reason, reasons)
+
+
+def check_single_merge_per_txn(paths: SilverPaths) -> dict[tuple[str, int], list[int]]:
+    """Every txn (appId, version) of the current table in exactly one commit, and that a MERGE."""
+    files = paths.merge_files()
+    txn_commits = files.txn_commits()
+    assert txn_commits, "the current table has no commit with a transaction id"
+    twice = {key: versions for key, versions in txn_commits.items() if len(versions) != 1}
+    assert not twice, f"transaction versions committed more than once: {twice}"
+    apps = {app for app, _version in txn_commits}
+    assert len(apps) == 1, sorted(apps)
+    (app,) = apps
+    assert app.startswith("conflux-") and paths.current_table in app, app
+    for (_app, _batch), (version,) in txn_commits.items():
+        assert commit_operation(files, version) == "MERGE", version
+    committed = set(files.committed_batches())
+    assert {batch for _app, batch in txn_commits} <= committed
+    return txn_commits
+
+
+# --- killing a MERGE batch --------------------------------------------------------------------
+
+
+def commit_operation(files: FlowFiles, version: int) -> str | None:
+    """The ``commitInfo.operation`` of table version ``version``."""
+    for action in files.delta_commit(version):
+        if "commitInfo" in action:
+            return str(action["commitInfo"].get("operation"))
+    return None
+
+
+def kill_after_merge_commit(
+    group: ProcessGroup, files: FlowFiles, aim: Aim, tries: int = TRIES, timeout: float = 600.0
+) -> Landing:
+    """SIGKILL after a silver batch's MERGE into the current table committed, before the batch's
+    entry in the silver commit log.
+
+    Like :func:`tests.support.chaos.kill_after_delta_commit`, on the current table's Delta log and
+    the silver checkpoint: the moment a new table version appears the group is paused; if that
+    version is a MERGE whose ``txn`` names batch ``B`` and ``commits/B`` is absent, the pause
+    landed in the window: kill. Else resume and wait for the next version, at most ``tries`` times.
+    """
+    seen = max(files.latest_delta_version(), 0)
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, tries + 1):
+        while files.latest_delta_version() <= seen:
+            if not group.running():
+                raise ChaosError(f"the application exited ({group.process.poll()}) before a MERGE")
+            if time.monotonic() > deadline:
+                raise ChaosError(f"timed out waiting for a MERGE after v{seen}")
+            time.sleep(POLL_SECONDS)
+        group.pause()
+        try:
+            aim.pauses += 1
+            version = files.latest_delta_version()
+            txn = files.delta_txn(version)
+            merged = commit_operation(files, version) == "MERGE"
+            if merged and txn is not None and not files.batch_committed(txn[1]):
+                group.kill()
+                aim.hits += 1
+                return Landing(AFTER_DELTA_COMMIT, txn[1], AFTER_DELTA_COMMIT, attempt)
+            aim.misses.append(files.where())
+        finally:
+            if group.running():
+                group.resume()
+        seen = version
+    raise ChaosError(f"no pause landed after a MERGE commit in {tries} tries ({aim.rate()})")
+
+
+def silver_progress(out: RunOutput, batch_id: int) -> dict[str, Any] | None:
+    """The silver stage's progress payload of ``batch_id`` (bronze reports the same ids too)."""
+    return next(
+        (p for p in out.progress() if p.get("stage") == STAGE and p["batch_id"] == batch_id),
+        None,
+    )
+
+
+def wait_silver_batch(
+    group: ProcessGroup, out: RunOutput, batch_id: int, timeout: float = 600.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while (progress := silver_progress(out, batch_id)) is None:
+        if not group.running():
+            progress = silver_progress(out, batch_id)
+            if progress is not None:
+                return progress
+            raise ChaosError(f"the run exited before silver batch {batch_id}\n{out.tail()}")
+        if time.monotonic() > deadline:
+            raise ChaosError(f"silver batch {batch_id} not reported in {timeout:.0f} s")
+        time.sleep(0.1)
+    return progress
+
+
+def check_silver_restart(
+    landing: Landing, paths: SilverPaths, group: ProcessGroup, out: RunOutput
+) -> None:
+    """What the run after ``landing`` must show for the killed silver batch."""
+    files, batch = paths.merge_files(), landing.batch_id
+    progress = wait_silver_batch(group, out, batch)
+    writes = {w["role"]: w for w in progress["writes"]}
+    if landing.kind == AFTER_DELTA_COMMIT:
+        # Replayed: the events and the quarantine were written before the MERGE, so Delta skips
+        # them too; the deleted-keys MERGE comes after it and may have been cut off by the kill.
+        assert writes["current"]["skipped"] is True, progress
+        assert writes["current"]["rows"] == 0, progress
+        for role in ("events", "quarantine"):
+            assert writes.get(role, {"skipped": True})["skipped"] is True, progress
+    elif landing.kind == MID_BATCH and "current" in writes:
+        assert writes["current"]["skipped"] is False, progress
+    else:
+        return
+    assert len(files.delta_commits_of_batch(batch)) <= 1, (landing, files.txn_commits())
+    deadline = time.monotonic() + 60  # the commit-log entry follows the batch's writes
+    while not files.batch_committed(batch):
+        assert time.monotonic() < deadline, f"silver batch {batch} never reached the commit log"
+        time.sleep(0.1)
+
+
+# --- the tests --------------------------------------------------------------------------------
+
+
+class TestSilverCurrentState:
+    def test_silver_current_state_equals_model_under_chaos(
+        self,
+        spark: SparkSession,
+        spark_settings: Settings,
+        kafka_broker: KafkaBroker,
+        tmp_path: Path,
+    ) -> None:
+        stream = CdcStream.make(CHAOS_KEYS, CDC_SEED)
+        topic = "silver_chaos_customers"
+        sent = stream.kafka_records()
+        produce_cdc(kafka_broker.bootstrap_servers, topic, sent, PARTITIONS)
+        spec = load_spec(
+            write_spec(
+                tmp_path / "flows",
+                silver_flow("silver_chaos", topic, {"mode": "available_now"}),
+            )
+        )
+        code = run_flows(
+            [spec], spark_settings, Reporter(), StopRequest(None), "available_now", spark=spark
+        )
+        assert code == EXIT_OK
+
+        bronze = DeltaTable(str(FlowLocations.of(spec, spark_settings).table))
+        assert bronze.to_pyarrow_table(columns=["offset"]).num_rows == len(sent)
+        paths = SilverPaths.of(spec, spark_settings)
+        # One available_now run carries silver to the end of what bronze ingested in that run.
+        check_current_state(paths, stream)
+        check_events(paths, stream)
+        check_quarantine(paths, stream)
+        check_single_merge_per_txn(paths)
+
+
+class TestSilverExactlyOnce:
+    def test_kill_during_merge_batches_replays_nothing(
+        self, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+    ) -> None:
+        seed = seed_from_env()
+        print(f"\nkill schedule seed: KILL_SEED={seed}  CDC_SEED={CDC_SEED}")
+        rng = random.Random(seed)
+        stream = CdcStream.make(KILL_KEYS, CDC_SEED)
+        topic = "silver_kill_customers"
+        produce_cdc(kafka_broker.bootstrap_servers, topic, stream.kafka_records(), PARTITIONS)
+        spec = load_spec(
+            write_spec(
+                tmp_path / "flows",
+                silver_flow(
+                    "silver_kill",
+                    topic,
+                    {"mode": "continuous", "interval": "1 second"},
+                    max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER,
+                ),
+            )
+        )
+        settings = replace(
+            spark_settings, spark_conf={"spark.ui.enabled": "false", **spark_settings.spark_conf}
+        )
+        paths = SilverPaths.of(spec, settings)
+        files = paths.merge_files()
+        launches = Launches(spec, settings, tmp_path)
+        window, mid_batch = Aim(AFTER_DELTA_COMMIT), Aim(MID_BATCH)
+        landings: list[Landing] = []
+
+        def report() -> None:
+            print(f"kills landed: {[(k.kind, k.batch_id) for k in landings]}")
+            for aim in (window, mid_batch):
+                print(f"  {aim.rate()}; misses (where the pause found silver): {aim.misses}")
+            print(f"  runs (name, seconds): {launches.timings}  KILL_SEED={seed}")
+
+        try:
+            with launches.run("run-0", "continuous") as (group, out):
+                landings.append(kill_after_merge_commit(group, files, window))
+            with launches.run("run-1", "continuous") as (group, out):
+                check_silver_restart(landings[-1], paths, group, out)
+                delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (MERGE batches last seconds)
+                landings.append(kill_mid_batch(group, files, mid_batch, delay, TRIES))
+            with launches.run("run-2", "continuous") as (group, out):
+                check_silver_restart(landings[-1], paths, group, out)
+                landings.append(kill_after_merge_commit(group, files, window))
+            with launches.run("final", "available_now") as (group, out):
+                check_silver_restart(landings[-1], paths, group, out)
+                code = group.process.wait(timeout=900)
+                assert code == 0, out.tail()
+        except ChaosError:
+            report()
+            raise
+        report()
+
+        assert [k.kind for k in landings] == [AFTER_DELTA_COMMIT, MID_BATCH, AFTER_DELTA_COMMIT]
+        # The replays were skipped: no transaction of the current table in two commits, and the
+        # killed batches' MERGE once each.
+        txn_commits = check_single_merge_per_txn(paths)
+        for landing in landings:
+            batches = [v for (_app, b), v in txn_commits.items() if b == landing.batch_id]
+            assert len(batches) <= 1, (landing, batches)
+            if landing.kind == AFTER_DELTA_COMMIT:
+                assert len(batches) == 1, landing
+        events_txns = paths.events_files().txn_commits()
+        assert not {k: v for k, v in events_txns.items() if len(v) != 1}, events_txns
+
+        check_current_state(paths, stream)
+        check_events(paths, stream)
+        check_quarantine(paths, stream)
+
+
+pytestmark = pytest.mark.timeout(2400)  # 2 shared cores: each of four Spark starts takes minutes
