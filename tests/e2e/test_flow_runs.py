@@ -101,3 +101,65 @@ def test_spark_failure_fails_the_run_with_the_spark_error(
             "the Spark error must be in the run's event log:\n" + "\n".join(logged)
         )
         assert occupied.read_text() == "a plain file where the Delta table should go"
+
+
+def test_a_silver_flow_materializes_every_table_it_writes(
+    conflux_env: Path, kafka_broker: KafkaBroker
+) -> None:
+    """One run of a flow with a silver stage: bronze, events, current state and quarantine each
+    get a materialization whose rows and Delta version are what delta-rs finds."""
+    from deltalake import DeltaTable
+
+    from pipelines.locations import table_paths
+    from tests.support.cdc import (
+        bad_records,
+        delivery_order,
+        expected_current_state,
+        generate_events,
+        records,
+    )
+
+    delivered = delivery_order(generate_events(200, 11), 11)
+    sent = records(delivered) + [b.record() for b in bad_records()[:2]]
+    create_topic(kafka_broker.bootstrap_servers, "e2e_customers", partitions=1)
+    produce(kafka_broker.bootstrap_servers, "e2e_customers", sent)
+    spec = {
+        "name": "e2e_customers",
+        "source": {"kind": "kafka", "topics": ["e2e_customers"]},
+        "target": {"table": "bronze_e2e_customers"},
+        "silver": {
+            "format": "debezium",
+            "schema": "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP",
+            "current": {"table": "e2e_customers", "keys": ["id"]},
+        },
+    }
+    (conflux_env / "e2e_customers.yaml").write_text(yaml.safe_dump(spec))
+    paths = table_paths(load_spec(conflux_env / "e2e_customers.yaml"), load_settings())
+    keys = {
+        "bronze": AssetKey(["bronze", "bronze_e2e_customers"]),
+        "events": AssetKey(["silver", "silver_e2e_customers_events"]),
+        "current": AssetKey(["silver", "e2e_customers"]),
+        "quarantine": AssetKey(["quarantine", "silver_e2e_customers_quarantine"]),
+    }
+
+    with DagsterInstance.ephemeral() as instance:
+        defs = build_definitions()
+        result = materialize(
+            assets=list(defs.assets or []),
+            selection=list(keys.values()),
+            resources=defs.resources,
+            instance=instance,
+        )
+        assert result.success
+        by_key = {
+            e.asset_key: {k: v.value for k, v in e.metadata.items()}
+            for e in result.asset_materializations_for_node("flow_e2e_customers")
+        }
+        assert set(by_key) == set(keys.values())
+        for role, key in keys.items():
+            table = DeltaTable(str(paths[role]))
+            assert by_key[key]["delta_version"] == table.version(), role
+        current = DeltaTable(str(paths["current"])).to_pyarrow_table(columns=["id"])
+        assert by_key[keys["bronze"]]["rows_written"] == len(sent)
+        assert by_key[keys["quarantine"]]["rows_written"] == 2
+        assert sorted(current["id"].to_pylist()) == sorted(expected_current_state(delivered))
