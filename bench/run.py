@@ -29,15 +29,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.harness import PROJECT_ROOT, BenchError, Outcome, say
 from bench.latency import run_latency
 from bench.machine import load_average, machine_facts, versions
+from bench.merge import parse_conf, plan_of, run_merge_throughput
 from bench.orders import Pace
 from bench.own_broker import broker_outcome, start_broker, stop_broker
 from bench.report import RESULTS_HEADER, markdown_block, write_json
 from bench.session_start import run_session_start
+from bench.silver_latency import run_silver_latency
 from bench.throughput import Setup, run_throughput
 from pipelines.settings import load_settings
 
-BENCHMARKS = ("broker_start", "spark_session_start", "bronze_throughput", "e2e_latency")
-NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency"}
+BENCHMARKS = (
+    "broker_start",
+    "spark_session_start",
+    "bronze_throughput",
+    "e2e_latency",
+    "merge_throughput",
+    "silver_latency",
+)
+#: Run only when named with --only (long, and about silver rather than the bronze baseline).
+ON_REQUEST = {"merge_throughput", "silver_latency"}
+NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,6 +73,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="throughput: write Spark event logs and report where the time went (diagnostic)",
     )
+    parser.add_argument(
+        "--merge-keys",
+        type=int,
+        nargs="+",
+        default=[1_000_000, 10_000_000],
+        help="merge_throughput: live keys in the current table before the batches",
+    )
+    parser.add_argument(
+        "--merge-batch",
+        type=int,
+        nargs="+",
+        default=[500_000],
+        help="merge_throughput: upserts per batch (20%% new keys, 80%% updates)",
+    )
+    parser.add_argument("--merge-batches", type=int, default=3, help="merge_throughput: batches")
+    parser.add_argument(
+        "--merge-dv",
+        choices=("off", "on", "both"),
+        default="both",
+        help="merge_throughput: deletion vectors on the current table",
+    )
+    parser.add_argument(
+        "--merge-conf",
+        action="append",
+        metavar="K=V[,K=V]",
+        help="merge_throughput: a set of session confs to measure (repeat for several sets; "
+        "an empty string is Conflux's defaults)",
+    )
+    parser.add_argument(
+        "--silver-designs",
+        nargs="+",
+        choices=("stream", "bronze_batch"),
+        default=["stream", "bronze_batch"],
+        help="silver_latency: chaining designs",
+    )
+    parser.add_argument(
+        "--silver-intervals",
+        nargs="+",
+        default=["500 milliseconds"],
+        help="silver_latency: trigger intervals to measure (each with every design)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     return parser.parse_args(argv)
 
@@ -71,7 +123,7 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, workdir: Path, jars_dir: Path) -> None:
         self.args, self.workdir, self.jars_dir = args, workdir, jars_dir
-        self.selected = set(args.only or BENCHMARKS)
+        self.selected = set(args.only or (b for b in BENCHMARKS if b not in ON_REQUEST))
         self.outcomes: dict[str, Outcome] = {}
 
     def record(self, name: str, outcome: Outcome) -> None:
@@ -83,6 +135,8 @@ class Bench:
         print(RESULTS_HEADER, flush=True)
         if "spark_session_start" in self.selected:
             self.session_start()
+        if "merge_throughput" in self.selected:
+            self.merge()
         if self.selected & NEEDS_BROKER:
             self.with_broker()
 
@@ -100,6 +154,8 @@ class Bench:
                 self.throughput(broker.bootstrap)
             if "e2e_latency" in self.selected:
                 self.latency(broker.bootstrap)
+            if "silver_latency" in self.selected:
+                self.silver_latency(broker.bootstrap)
         finally:
             stop_broker(runtime, self.jars_dir)
 
@@ -116,6 +172,23 @@ class Bench:
             Pace(a.latency_rate, a.latency_seconds, a.latency_warmup), a.latency_interval,
         )  # fmt: skip
         self.record("e2e_latency", outcome)
+
+    def merge(self) -> None:
+        a = self.args
+        dv = {"off": [False], "on": [True], "both": [False, True]}[a.merge_dv]
+        confs = [parse_conf([i for i in c.split(",") if i.strip()]) for c in a.merge_conf or [""]]
+        variants = plan_of(a.merge_keys, a.merge_batch, dv, confs)
+        outcome = run_merge_throughput(self.workdir, self.jars_dir, variants, a.merge_batches)
+        self.record("merge_throughput", outcome)
+
+    def silver_latency(self, bootstrap: str) -> None:
+        a = self.args
+        outcome = run_silver_latency(
+            self.workdir, self.jars_dir, bootstrap,
+            Pace(a.latency_rate, a.latency_seconds, a.latency_warmup),
+            a.silver_designs, a.silver_intervals,
+        )  # fmt: skip
+        self.record("silver_latency", outcome)
 
 
 def command_line() -> str:

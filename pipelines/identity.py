@@ -103,6 +103,12 @@ def checkpoint_has_commits(checkpoint: Path) -> bool:
     return commits.is_dir() and any(name.isdigit() for name in os.listdir(commits))
 
 
+def checkpoint_has_offsets(checkpoint: Path) -> bool:
+    """Whether Structured Streaming planned any batch in this checkpoint (committed or not)."""
+    offsets = checkpoint / "offsets"
+    return offsets.is_dir() and any(name.isdigit() for name in os.listdir(offsets))
+
+
 def resolve_identity(
     spec: FlowSpec, locations: FlowLocations, table_properties: Mapping[str, str] | None
 ) -> tuple[FlowIdentity, bool]:

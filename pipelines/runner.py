@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -125,19 +126,76 @@ def lease_problem(guards: Sequence[LeaseGuard]) -> str | None:
     return None
 
 
+class Phases:
+    """Starts each flow's stage queries phase by phase (:meth:`FlowPipeline.phases`): a flow's
+    next phase starts once all its queries of the current one ended cleanly, independently of
+    the other flows of the application (a continuous flow never holds an incremental one up)."""
+
+    def __init__(
+        self, pipelines: Sequence[FlowPipeline], spark: SparkSession, trigger_mode: str | None
+    ) -> None:
+        self.spark, self.trigger_mode = spark, trigger_mode
+        self.pipelines = {p.spec.name: p for p in pipelines}
+        self.pending = {p.spec.name: deque(p.phases(trigger_mode)) for p in pipelines}
+        self.running: dict[str, list[str]] = {}
+
+    @property
+    def done(self) -> bool:
+        return not any(self.pending.values())
+
+    def start(self, flow: str) -> dict[str, StreamingQuery]:
+        pipeline = self.pipelines[flow]
+        started = {
+            head.query_name: pipeline.start(head, self.spark, self.trigger_mode)
+            for head in self.pending[flow].popleft()
+        }
+        self.running[flow] = list(started)
+        return started
+
+    def start_first(self) -> dict[str, StreamingQuery]:
+        started: dict[str, StreamingQuery] = {}
+        try:
+            for flow in self.pipelines:
+                started.update(self.start(flow))
+        except BaseException:
+            for query in started.values():
+                query.stop()
+            raise
+        return started
+
+    def advance(self, queries: dict[str, StreamingQuery]) -> dict[str, StreamingQuery]:
+        """Start the next phase of every flow whose current phase ended without failing."""
+        started: dict[str, StreamingQuery] = {}
+        for flow, names in self.running.items():
+            current = [queries[name] for name in names]
+            if self.pending[flow] and all(
+                not q.isActive and q.exception() is None for q in current
+            ):
+                started.update(self.start(flow))
+        return started
+
+
 def supervise(
     queries: dict[str, StreamingQuery],
     stop: StopRequest,
     reporter: Reporter,
     guards: Sequence[LeaseGuard] = (),
+    phases: Phases | None = None,
 ) -> int:
     """Wait until the queries end, fail, lose a lease, or a stop is requested; return the exit code.
 
-    "All ended" is read before the failures: a query that ends is inactive with its exception
-    already set, so a failure between the two reads cannot pass for a clean end.
+    With ``phases``, the queries of later phases are started (and added to ``queries``) as the
+    earlier ones end. "All ended" is read before the failures: a query that ends is inactive with
+    its exception already set, so a failure between the two reads cannot pass for a clean end.
     """
     while True:
-        all_ended = all(not q.isActive for q in queries.values())
+        if phases is not None and not stop.requested:
+            for name, query in phases.advance(queries).items():
+                reporter.info(f"started {name}")
+                queries[name] = query
+        all_ended = all(not q.isActive for q in queries.values()) and (
+            phases is None or phases.done or stop.requested
+        )
         failure = first_failure(queries)
         if failure is not None:
             name, error = failure
@@ -234,24 +292,13 @@ def _run_owned(
     try:
         for pipeline in pipelines:
             pipeline.prepare(spark)  # every flow's tables checked before any query starts
-        phases = [p.phases(trigger_mode) for p in pipelines]
-        for phase in range(max(len(p) for p in phases)):
-            queries: dict[str, StreamingQuery] = {}
-            try:
-                for pipeline, flow_phases in zip(pipelines, phases, strict=True):
-                    for head in flow_phases[phase] if phase < len(flow_phases) else []:
-                        queries[head.query_name] = pipeline.start(head, spark, trigger_mode)
-            except BaseException:
-                for query in queries.values():
-                    query.stop()
-                raise
-            reporter.info(f"started {', '.join(queries)} (lease owner {owner})")
-            code = supervise(queries, stop, reporter, list(guards.values()))
-            for name, query in queries.items():
-                if query.lastProgress is not None:
-                    tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
-            if code != EXIT_OK or stop.requested:
-                break
+        phases = Phases(pipelines, spark, trigger_mode)
+        queries = phases.start_first()
+        reporter.info(f"started flows {', '.join(queries)} (lease owner {owner})")
+        code = supervise(queries, stop, reporter, list(guards.values()), phases)
+        for name, query in queries.items():
+            if query.lastProgress is not None:
+                tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
     finally:
         spark.streams.removeListener(tracker)
         if own_session:  # before Python exits, so no listener event is sent to a dead driver

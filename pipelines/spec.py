@@ -392,6 +392,19 @@ def _ddl_columns(ddl: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _ddl_types(ddl: str) -> dict[str, str]:
+    """Column name -> its type as written (lower case), of a DDL string already checked."""
+    types: dict[str, str] = {}
+    for part in _split_ddl(ddl):
+        if part.startswith("`"):
+            end = part.find("`", 1)
+            name, rest = part[1:end], part[end + 1 :]
+        else:
+            name, _, rest = part.partition(" ")
+        types[name] = rest.strip().lower()
+    return types
+
+
 def _schema_ddl(value: Any) -> Any:
     """``{id: bigint, name: string}`` is the DDL string ``"id bigint, name string"``."""
     if not isinstance(value, dict):
@@ -561,6 +574,15 @@ class SilverSpec(_Model):
         known = f"columns of schema: {', '.join(columns)}"
         if self.event_time is not None and self.event_time not in columns:
             raise _error(f"{self.event_time!r} is not a column of schema ({known})", "event_time")
+        if self.event_time is not None:
+            kind = _ddl_types(self.schema_ddl)[self.event_time]
+            if not kind.startswith(("timestamp", "date")):
+                raise _error(
+                    f"{self.event_time!r} is {kind}; the event time must be a TIMESTAMP or DATE "
+                    "column (declare epoch values as TIMESTAMP in the schema, or leave event_time "
+                    "out to use the source's time)",
+                    "event_time",
+                )
         current = self.current
         if current is None:
             return self

@@ -8,7 +8,9 @@ arrival order, so out-of-order and duplicated events converge to the same table:
    highest ``(_sequence, partition, offset)``. With ``ignore_null_updates`` each column is instead
    the newest non-null value among the key's events after its last delete in the batch, and
    ``_replaces`` says that the row follows a delete in the same batch (so it replaces the stored
-   row instead of completing it).
+   row instead of completing it); events not newer than the stored row are dropped first
+   (:func:`drop_stale`), so that a late partial update cannot fill a newer one's gaps.
+   On a sequence tie a delete wins, within a batch and across batches alike.
 2. Deleted keys are remembered in a side table ``<table>__deleted_keys`` (key, ``_sequence``,
    ``_deleted_at``) for ``deleted_key_retention``: an upsert not newer than a key's delete is
    dropped before the MERGE, so a late update cannot resurrect a deleted key. The current table
@@ -59,7 +61,14 @@ def reduce_batch(events: DataFrame, spec: SilverSpec) -> DataFrame:
     """One row per key: what the batch's events for that key amount to (see module doc)."""
     current = _current(spec)
     keys = list(current.keys)
-    order = F.struct("_sequence", "_source_partition", "_source_offset")
+    # Newest by sequence; on a tie a delete wins (as across batches, see merge_current), then
+    # the later record of the partition.
+    order = F.struct(
+        "_sequence",
+        (F.col("_op") == "d").alias("_is_delete"),
+        "_source_partition",
+        "_source_offset",
+    )
     last_delete = F.max(F.when(F.col("_op") == "d", F.col(_ORDER))).over(Window.partitionBy(*keys))
     ranked = events.withColumn(_ORDER, order).withColumn("_last_delete", last_delete)
     after_delete = F.col("_last_delete").isNull() | (F.col(_ORDER) > F.col("_last_delete"))
@@ -76,6 +85,32 @@ def reduce_batch(events: DataFrame, spec: SilverSpec) -> DataFrame:
         F.max_by("_op", _ORDER).alias("_op"),
         F.max_by("_event_time", _ORDER).alias("_event_time"),
         F.max("_last_delete").isNotNull().alias("_replaces"),
+    )
+
+
+def drop_stale(
+    events: DataFrame, current: DataFrame, deleted_keys: DataFrame, spec: SilverSpec
+) -> DataFrame:
+    """Events not newer than their key's stored row or remembered delete.
+
+    Needed before :func:`reduce_batch` only with ``ignore_null_updates``: there a stale event's
+    non-null values would otherwise fill the newer event's nulls (without it the newest event
+    decides alone, and the MERGE conditions drop it when it is stale). Both tables are read as
+    they were before this batch wrote them, on a replay too: the MERGEs come after.
+    """
+    keys = list(_current(spec).keys)
+    stored = (
+        current.select(*keys, "_sequence")
+        .unionByName(deleted_keys.select(*keys, "_sequence"))
+        .groupBy(*keys)
+        .agg(F.max("_sequence").alias("_stored_sequence"))
+    )
+    return (
+        events.join(stored, keys, "left")
+        .where(
+            F.col("_stored_sequence").isNull() | (F.col("_sequence") > F.col("_stored_sequence"))
+        )
+        .drop("_stored_sequence")
     )
 
 
@@ -120,7 +155,7 @@ def merge_current(target: DeltaTable, source: DataFrame, spec: SilverSpec) -> No
     (
         target.alias("t")
         .merge(source.alias("s"), on)
-        .whenMatchedDelete(condition=f"{newer} AND s._op = 'd'")
+        .whenMatchedDelete(condition="s._sequence >= t._sequence AND s._op = 'd'")
         .whenMatchedUpdate(condition=newer, set={**updates, **metadata})
         .whenNotMatchedInsert(condition="s._op <> 'd'", values={**inserts, **metadata})
         .execute()

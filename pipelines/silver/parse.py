@@ -25,8 +25,9 @@ Formats:
 ``debezium``
     Debezium's change-event envelope (``before``, ``after``, ``op``, ``ts_ms``, ``source``), bare or
     wrapped in ``{"schema": ..., "payload": ...}`` by the JSON converter. ``_source_lsn`` is the
-    change's log position (``source.lsn``, or MySQL's ``source.pos``) and ``_source_ts_ms`` its
-    commit time in the source database. A tombstone after a delete carries no position and is
+    change's log position (``source.lsn``: Postgres; other connectors' positions, such as MySQL's
+    binlog file and ``pos``, do not order changes by themselves, so declare ``sequence_by``) and
+    ``_source_ts_ms`` its commit time in the source database. A tombstone after a delete carries no position and is
     ignored: the delete already happened, at its own position.
 """
 
@@ -70,7 +71,7 @@ QUARANTINE_COLUMNS = (
     "quarantined_at",
 )
 _ENVELOPE_FIELDS = ("before", "after", "op", "ts_ms", "source")
-_SOURCE_STRUCT = "ts_ms BIGINT, lsn BIGINT, pos BIGINT, snapshot STRING, db STRING, table STRING"
+_SOURCE_STRUCT = "ts_ms BIGINT, lsn BIGINT, snapshot STRING, db STRING, table STRING"
 
 
 def ddl_struct(ddl: str) -> StructType:
@@ -116,6 +117,15 @@ def _mismatched_columns(text: Column, row: StructType, parsed: Column, prefix: s
         for field in row.fields
     ]
     return F.nullif(F.concat_ws(", ", *names), F.lit(""))
+
+
+#: Epoch milliseconds Spark's timestamps can hold (years 1 to 9999); others would overflow.
+_MILLIS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
+
+
+def _timestamp_millis(millis: Column) -> Column:
+    """``timestamp_millis`` that gives null instead of failing the batch on an absurd value."""
+    return F.when(millis.between(*_MILLIS_RANGE), F.timestamp_millis(millis))
 
 
 def _parse_failure(text: Column, utf8_ok: Column, parsed: Column, mismatch: Column) -> Column:
@@ -202,9 +212,9 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
         columns = [F.col("_image")[f.name].alias(f.name) for f in row.fields]
         op_column = op
         ts_ms = F.col("_payload.source.ts_ms")
-        lsn = F.coalesce(F.col("_payload.source.lsn"), F.col("_payload.source.pos"))
+        lsn = F.col("_payload.source.lsn")
         default_event_time = F.coalesce(
-            F.timestamp_millis(ts_ms), F.timestamp_millis(F.col("_payload.ts_ms"))
+            _timestamp_millis(ts_ms), _timestamp_millis(F.col("_payload.ts_ms"))
         )
     else:
         parsed = F.from_json(F.when(utf8_ok, value_text), _with_corrupt(row), _permissive(row))
@@ -220,8 +230,11 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
             value = F.col("_parsed")[field.name]
             if key_struct is not None and field.name in (spec.current.keys if spec.current else ()):
                 from_key = key_struct[field.name]
-                if len(key_fields) == 1:
-                    from_key = F.coalesce(from_key, key_text.try_cast(field.dataType))
+                if len(key_fields) == 1:  # the key is the bare value: 7, "abc" or abc
+                    scalar = F.try_variant_get(
+                        F.try_parse_json(key_text), "$", field.dataType.simpleString()
+                    )
+                    from_key = F.coalesce(from_key, scalar, key_text.try_cast(field.dataType))
                 value = F.when(is_tombstone, from_key).otherwise(value)
             columns.append(value.alias(field.name))
         op_column = F.when(is_tombstone, F.lit("d")).otherwise(F.lit("u"))
@@ -244,20 +257,21 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
         F.col("value").alias("raw_value"),
         F.filter(F.array(*reasons), lambda r: r.isNotNull()).alias(REASONS),
     )
+    # The spec's own expressions see parsed rows only: on a record that did not parse they could
+    # fail (ANSI casts) and stop the stream instead of quarantining it.
+    parsed = F.size(F.col(REASONS)) == 0
     if spec.format == "json" and spec.current is not None and spec.current.delete_when:
+        deleted = F.when(parsed, F.expr(spec.current.delete_when))
         frame = frame.withColumn(
-            "_op",
-            F.when(
-                F.coalesce(F.expr(spec.current.delete_when), F.lit(False)), F.lit("d")
-            ).otherwise(F.col("_op")),
+            "_op", F.when(F.coalesce(deleted, F.lit(False)), F.lit("d")).otherwise(F.col("_op"))
         )
     event_time = (
-        F.coalesce(F.col(spec.event_time).cast("timestamp"), F.col("_default_event_time"))
+        F.coalesce(F.col(spec.event_time).try_cast("timestamp"), F.col("_default_event_time"))
         if spec.event_time
         else F.col("_default_event_time")
     )
     frame = (
-        frame.withColumn("_sequence", F.expr(spec.sequence_expression))
+        frame.withColumn("_sequence", F.when(parsed, F.expr(spec.sequence_expression)))
         .withColumn("_event_time", F.coalesce(event_time, F.col("_source_timestamp")))
         .withColumn("_event_date", F.to_date("_event_time"))
         .withColumn("_batch_id", F.lit(batch_id).cast("long"))

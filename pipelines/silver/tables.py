@@ -41,6 +41,7 @@ from pipelines.spec import FlowSpec
 FORMAT_PROPERTY = "conflux.silver.format"
 KEYS_PROPERTY = "conflux.silver.keys"
 SEQUENCE_PROPERTY = "conflux.silver.sequenceBy"
+CHAINING_PROPERTY = "conflux.silver.chaining"
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,14 @@ def check_table(
     has_data: bool,
     checkpoint_committed: bool,
     where: str,
+    checkpoint_started: bool | None = None,
 ) -> str:
     """Whether to ``create`` the table, ``stamp`` it with this identity, or use it as it is (``ok``).
+
+    ``checkpoint_committed``: the stage's checkpoint has committed batches; ``checkpoint_started``
+    (default: the same): it planned any batch, committed or not. A table with rows beside a
+    checkpoint that planned nothing means the checkpoint was lost; rows beside a planned but
+    uncommitted first batch are that batch's, and its replay is skipped by its transaction id.
 
     Raises:
         IdentityError: the table cannot be continued under this spec and checkpoint.
@@ -137,13 +144,16 @@ def check_table(
             f"checkpoint is generation {identity.generation}: an older checkpoint was restored. "
             f"Restore the matching one, or run {rebuild}."
         )
-    if not checkpoint_committed and has_data:
+    if table_generation < identity.generation:
+        return "stamp"  # after `conflux reset`: a new app id, so nothing is skipped or doubled
+    started = checkpoint_committed if checkpoint_started is None else checkpoint_started
+    if not started and has_data:
         raise IdentityError(
-            f"{what} holds rows, but the silver checkpoint has no committed batch: starting "
-            f"again would read bronze from its start and write those rows twice. Restore the "
-            f"checkpoint, or run {rebuild}."
+            f"{what} holds rows, but the silver checkpoint has no batch: starting again would "
+            f"read bronze from its start and write those rows twice. Restore the checkpoint, or "
+            f"run {rebuild}."
         )
-    return "stamp" if table_generation != identity.generation else "ok"
+    return "ok"
 
 
 def ensure_table(
@@ -152,6 +162,7 @@ def ensure_table(
     identity: FlowIdentity,
     checkpoint_committed: bool,
     where: str,
+    checkpoint_started: bool | None = None,
 ) -> None:
     """Create, stamp or evolve one silver table so that it matches ``design`` (see :func:`check_table`)."""
     exists = DeltaTable.isDeltaTable(spark, design.path)
@@ -166,7 +177,15 @@ def ensure_table(
         has_data = int(detail["numFiles"] or 0) > 0
         schema = spark.read.format("delta").load(design.path).schema
     action = check_table(
-        design, identity, properties, schema, partitions, has_data, checkpoint_committed, where
+        design,
+        identity,
+        properties,
+        schema,
+        partitions,
+        has_data,
+        checkpoint_committed,
+        where,
+        checkpoint_started,
     )
     stamp = {**identity.table_properties(), **design.spec_properties}
     if action == "create":

@@ -35,7 +35,12 @@ from pipelines.delta_writes import (
     committed_write,
     idempotent_session,
 )
-from pipelines.identity import FlowIdentity, checkpoint_has_commits, read_identity
+from pipelines.identity import (
+    FlowIdentity,
+    checkpoint_has_commits,
+    checkpoint_has_offsets,
+    read_identity,
+)
 from pipelines.lease import LeaseGuard
 from pipelines.locations import FlowLocations, silver_table_path
 from pipelines.progress import BatchCommit, delta_version
@@ -49,6 +54,7 @@ from pipelines.silver.parse import (
     quarantine_of,
 )
 from pipelines.silver.tables import (
+    CHAINING_PROPERTY,
     FORMAT_PROPERTY,
     KEYS_PROPERTY,
     SEQUENCE_PROPERTY,
@@ -135,7 +141,8 @@ class SilverStage:
                 for name in EVENT_METADATA
             )
         )
-        spec_properties = {FORMAT_PROPERTY: silver.format}
+        # Chaining decides whose batch ids the writes carry: switching would skip or redo batches.
+        spec_properties = {FORMAT_PROPERTY: silver.format, CHAINING_PROPERTY: silver.chaining}
         designs = [
             TableDesign(
                 role="events",
@@ -233,8 +240,9 @@ class SilverStage:
         assert identity is not None, "the bronze stage writes the flow's identity first"
         self.identity = identity
         committed = checkpoint_has_commits(self.checkpoint)
+        started = checkpoint_has_offsets(self.checkpoint)
         for design in self.designs(spark):
-            ensure_table(spark, design, identity, committed, self.spec.spec_file)
+            ensure_table(spark, design, identity, committed, self.spec.spec_file, started)
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
         """The bronze table as a Delta stream: what the stage's own query reads."""
@@ -307,9 +315,12 @@ class SilverStage:
         assert silver.current is not None
         assert self.current_path is not None and self.deleted_path is not None
         spark = events.sparkSession
+        deleted_keys = spark.read.format("delta").load(self.deleted_path)
+        if silver.current.ignore_null_updates:
+            stored = spark.read.format("delta").load(self.current_path)
+            events = current_state.drop_stale(events, stored, deleted_keys, silver)
         reduced = current_state.reduce_batch(events, silver).persist()
         try:
-            deleted_keys = spark.read.format("delta").load(self.deleted_path)
             source = current_state.drop_deleted(reduced, deleted_keys, silver)
             writes = [
                 self._merge_into(

@@ -95,7 +95,7 @@ def test_an_added_column_is_not_a_conflict() -> None:
             {"properties": None, "schema": None},
             "is missing, but the silver checkpoint has committed",
         ),
-        ({"committed": False}, "holds rows, but the silver checkpoint has no committed batch"),
+        ({"committed": False}, "holds rows, but the silver checkpoint has no batch"),
         ({"properties": {"delta.appendOnly": "false"}}, "that no Conflux flow wrote"),
         ({"properties": {**STAMPED, "conflux.flowId": "f2"}}, "not to this flow"),
         ({"properties": {**STAMPED, "conflux.generation": "3"}}, "an older checkpoint"),
@@ -104,6 +104,15 @@ def test_an_added_column_is_not_a_conflict() -> None:
 def test_a_table_that_does_not_match_its_checkpoint_is_refused(kwargs: dict, expected: str) -> None:
     with pytest.raises(IdentityError, match=expected):
         check(**kwargs)
+
+
+def test_rows_of_a_first_batch_that_never_committed_are_not_a_lost_checkpoint() -> None:
+    """A kill after the first batch's writes, before its commit-log entry: the replay is skipped
+    by its transaction id, so the flow must restart."""
+    verdict = check_table(
+        DESIGN, IDENTITY, STAMPED, SCHEMA, (), True, False, "flows/c.yaml", checkpoint_started=True
+    )
+    assert verdict == "ok"
 
 
 def test_a_table_of_an_older_generation_is_stamped_after_a_reset() -> None:

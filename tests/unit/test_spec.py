@@ -318,3 +318,14 @@ def test_specs_are_frozen_typed_models_callers_can_build() -> None:
     assert spec.model_copy(update={"name": "y"}).name == "y"
     with pytest.raises(ValidationError):
         spec.name = "y"  # type: ignore[misc]
+
+
+def test_an_event_time_that_is_not_a_time_is_refused() -> None:
+    spec = {
+        "name": "orders",
+        "source": {"kind": "kafka", "topics": ["orders"]},
+        "target": {"table": "bronze_orders"},
+        "silver": {"format": "json", "schema": "id BIGINT, at BIGINT", "event_time": "at"},
+    }
+    with pytest.raises(SpecError, match=r"silver.event_time: 'at' is bigint; the event time must"):
+        parse_spec(spec, where="flows/x.yaml")
