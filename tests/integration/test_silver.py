@@ -22,7 +22,7 @@ writing the events table, the quarantine and the current-state table (keyed by `
    were skipped.
 
 Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 10,000) for the first test,
-``SILVER_KILL_KEYS`` (2,000) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small batches) for
+``SILVER_KILL_KEYS`` (2,000: fewer leave run-2 no fresh batch to kill in) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small batches) for
 the second; ``CDC_SEED`` fixes the stream, ``KILL_SEED`` replays a kill schedule.
 """
 
