@@ -11,7 +11,6 @@ launch from the CLI, another Dagster instance, an in-process ``materialize``.
 """
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from dagster import (
     AssetExecutionContext,
@@ -28,17 +27,9 @@ from pydantic import Field
 from assets.keys import bronze_key, flow_table_keys
 from assets.launch import run_flows
 from assets.resources import SparkSubmitResource
-from pipelines.locations import FlowLocations
-from pipelines.locations import silver_table_path as locations_silver_table_path
+from pipelines.locations import FlowLocations, table_paths
 from pipelines.settings import Settings
-from pipelines.spec import (
-    TRIGGER_MODES,
-    CurrentSpec,
-    FileSource,
-    FlowSpec,
-    KafkaSource,
-    SilverTable,
-)
+from pipelines.spec import TRIGGER_MODES, FileSource, FlowSpec, KafkaSource
 
 
 class FlowRunConfig(Config):
@@ -91,23 +82,13 @@ def bronze_spec(spec: FlowSpec, settings: Settings) -> AssetSpec:
     )
 
 
-def silver_table_path(spec: FlowSpec, settings: Settings, table: str) -> Path:
-    """Where the flow's silver table ``table`` (events, quarantine or current) lives."""
-    silver = spec.silver
-    assert silver is not None, f"flow {spec.name} has no silver section"
-    declared: list[SilverTable | CurrentSpec] = [silver.events, silver.quarantine]
-    if silver.current is not None:
-        declared.append(silver.current)
-    path = next((entry.path for entry in declared if entry.table == table), None)
-    return locations_silver_table_path(settings, table, path)
-
-
 def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     """The flow's silver tables: events (from bronze), current (from events), quarantine."""
     silver = spec.silver
     if silver is None:
         return []
     keys = flow_table_keys(spec)
+    paths = table_paths(spec, settings)
     bronze = keys["bronze"]
     common = {
         "flow": spec.name,
@@ -127,7 +108,7 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
         description=f"Events of flow {spec.name}: {parsed}, append-only, one row per change.",
         metadata={
             **common,
-            "table_path": str(silver_table_path(spec, settings, silver.events.table)),
+            "table_path": str(paths["events"]),
             "schema": silver.schema_ddl,
             "event_time": silver.event_time or "default",
         },
@@ -145,7 +126,7 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
         ),
         metadata={
             **common,
-            "table_path": str(silver_table_path(spec, settings, silver.quarantine.table)),
+            "table_path": str(paths["quarantine"]),
         },
         tags={"conflux/trigger": spec.trigger.mode},
         skippable=True,
@@ -165,7 +146,7 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
                 ),
                 metadata={
                     **common,
-                    "table_path": str(silver_table_path(spec, settings, current.table)),
+                    "table_path": str(paths["current"]),
                     "keys": list(current.keys),
                     "sequence_by": silver.sequence_expression,
                     "deleted_key_retention": current.deleted_key_retention,

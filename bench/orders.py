@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -146,11 +147,18 @@ class Pace:
         return int(self.rate * self.seconds)
 
 
-def produce_paced(bootstrap: str, topic: str, pace: Pace) -> int:
+def produce_paced(
+    bootstrap: str,
+    topic: str,
+    pace: Pace,
+    event: Callable[[int, float], tuple[bytes, bytes]] | None = None,
+) -> int:
     """Produce at ``pace.rate`` events/s, each stamped when sent; return the events sent.
 
-    Warm-up events get a negative ``seq``, measured ones 0, 1, 2...
+    ``event(index, now)`` makes the index-th record (key, value) at send time ``now``; by default
+    an order event whose ``seq`` is negative for warm-up events and 0, 1, 2... for measured ones.
     """
+    make = event or (lambda index, now: timed_event(index - pace.warmup_events, now))
     producer = Producer({"bootstrap.servers": bootstrap, **PACED_PRODUCER})
     total = pace.warmup_events + pace.measured_events
     started = time.monotonic()
@@ -158,7 +166,7 @@ def produce_paced(bootstrap: str, topic: str, pace: Pace) -> int:
         delay = started + index / pace.rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        _send(producer, topic, *timed_event(index - pace.warmup_events, time.time()))
+        _send(producer, topic, *make(index, time.time()))
         producer.poll(0)
     if producer.flush(60) != 0:
         raise BenchError("some latency events were not delivered within 60 s")

@@ -32,9 +32,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
-from confluent_kafka import Producer
 from deltalake import DeltaTable
 
+from bench import orders
 from bench.harness import (
     PROJECT_ROOT,
     PYTHON,
@@ -46,7 +46,7 @@ from bench.harness import (
     median,
     say,
 )
-from bench.orders import PACED_PRODUCER, Pace, _send, create_topic
+from bench.orders import Pace, create_topic
 
 SCHEMA_DDL = "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP"
 POLL_SECONDS = 0.05
@@ -112,25 +112,14 @@ def change_event(index: int, now: float) -> tuple[int, bytes, bytes]:
 def produce_paced(
     bootstrap: str, topic: str, pace: Pace, first: int, sent: dict[int, float]
 ) -> int:
-    """Produce events ``first``.. at ``pace.rate``/s (warm-up + measured); record send times."""
-    producer = Producer({"bootstrap.servers": bootstrap, **PACED_PRODUCER})
-    total = pace.warmup_events + pace.measured_events
-    started = time.monotonic()
-    for n in range(total):
-        delay = started + n / pace.rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        now = time.time()
-        lsn, key, value = change_event(first + n, now)
+    """Produce change events ``first``.. at ``pace.rate``/s; record each one's send time by lsn."""
+
+    def event(index: int, now: float) -> tuple[bytes, bytes]:
+        lsn, key, value = change_event(first + index, now)
         sent[lsn] = now
-        _send(producer, topic, key, value)
-        producer.poll(0)
-    if producer.flush(60) != 0:
-        raise BenchError("some latency events were not delivered within 60 s")
-    behind = time.monotonic() - started - total / pace.rate
-    if behind > 1.0:
-        say(f"WARNING: the paced producer ended {behind:.1f} s late (machine overloaded?)")
-    return total
+        return key, value
+
+    return orders.produce_paced(bootstrap, topic, pace, event)
 
 
 @dataclass

@@ -42,14 +42,6 @@ STAGE_KINDS: list[
 ]
 
 
-def main_table(stage: Stage) -> str:
-    """The path progress reports for a stage (bronze: its table; silver: current or events)."""
-    if isinstance(stage, BronzeStage):
-        return stage.table_path
-    assert isinstance(stage, SilverStage)
-    return stage.current_path or stage.events_path
-
-
 @dataclass
 class FlowPipeline:
     """The stages of one flow and the queries that run them."""
@@ -71,7 +63,7 @@ class FlowPipeline:
             query = stage.query_name if stage.own_query else query
             runs_in["query"] = query
             self.stages.append(stage)
-            self.tracker.track(self.spec.name, kind, main_table(stage), stage.tables)
+            self.tracker.track(self.spec.name, kind, stage.main_table, stage.tables)
 
     def _recorder(self, runs_in: dict[str, str]) -> OnCommit:
         """Records a stage's commits under the query whose batch it runs in."""

@@ -95,6 +95,11 @@ def silver_table_path(settings: Settings, table: str, path: str | None = None) -
     return resolve(settings, path) if path else settings.lake_dir / "silver" / table
 
 
+def deleted_keys_path(current_table: Path) -> Path:
+    """The deleted-keys side table of a current-state table, beside it."""
+    return Path(f"{current_table}__deleted_keys")
+
+
 def table_paths(spec: FlowSpec, settings: Settings) -> dict[str, Path]:
     """Every table a flow writes, by role (bronze, events, quarantine, current)."""
     paths = {"bronze": FlowLocations.of(spec, settings).table}

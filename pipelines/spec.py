@@ -369,17 +369,22 @@ def _split_ddl(ddl: str) -> list[str]:
     return parts
 
 
+def _name_and_type(part: str) -> tuple[str, str]:
+    """``"`from` STRING"`` -> ``("from", "STRING")``: one column definition of a DDL string."""
+    if part.startswith("`"):
+        end = part.find("`", 1)
+        return (part[1:end], part[end + 1 :].strip()) if end > 0 else (part, "")
+    name, _, rest = part.partition(" ")
+    return name, rest.strip()
+
+
 def _ddl_columns(ddl: str) -> tuple[str, ...]:
     """Column names of a DDL string such as ``"id BIGINT, `from` STRING"``, checked."""
     names: list[str] = []
     for part in _split_ddl(ddl):
         if not part:
             raise _error(f"an empty column definition in {ddl!r} (a stray comma?)")
-        if part.startswith("`"):
-            end = part.find("`", 1)
-            name, rest = (part[1:end], part[end + 1 :]) if end > 0 else (part, "")
-        else:
-            name, _, rest = part.partition(" ")
+        name, rest = _name_and_type(part)
         if not IDENTIFIER_RE.match(name):
             raise _error(f"column {name!r} is not a valid identifier (letters, digits, _)")
         if not rest.strip():
@@ -394,15 +399,7 @@ def _ddl_columns(ddl: str) -> tuple[str, ...]:
 
 def _ddl_types(ddl: str) -> dict[str, str]:
     """Column name -> its type as written (lower case), of a DDL string already checked."""
-    types: dict[str, str] = {}
-    for part in _split_ddl(ddl):
-        if part.startswith("`"):
-            end = part.find("`", 1)
-            name, rest = part[1:end], part[end + 1 :]
-        else:
-            name, _, rest = part.partition(" ")
-        types[name] = rest.strip().lower()
-    return types
+    return {name: kind.lower() for name, kind in map(_name_and_type, _split_ddl(ddl))}
 
 
 def _schema_ddl(value: Any) -> Any:

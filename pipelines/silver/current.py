@@ -42,10 +42,7 @@ _ORDER = "_order"
 def value_columns(spec: SilverSpec) -> list[str]:
     """The non-key columns the current table keeps (``columns`` / ``except_columns`` applied)."""
     current = _current(spec)
-    names = [c for c in spec.columns() if c not in current.keys]
-    if current.columns:
-        names = [c for c in names if c in current.columns]
-    return [c for c in names if c not in current.except_columns]
+    return [c for c in current.kept_columns(spec.columns()) if c not in current.keys]
 
 
 def _current(spec: SilverSpec) -> CurrentSpec:

@@ -34,7 +34,7 @@ from pipelines.identity import (
     IdentityError,
 )
 from pipelines.lease import FlowLease, new_owner_id, owner_details
-from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.locations import FlowLocations, deleted_keys_path, table_paths
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
@@ -243,13 +243,10 @@ def reset_silver(spec: FlowSpec, settings: Settings) -> list[tuple[str, str]]:
             target = locations.archive_dir / f"silver-{stamp}"
             shutil.move(str(checkpoint), str(target))
             moved.append((str(checkpoint), str(target)))
-        tables = [spec.silver.events, spec.silver.quarantine]
-        paths = [silver_table_path(settings, t.table, t.path) for t in tables]
-        if spec.silver.current is not None:
-            current = silver_table_path(
-                settings, spec.silver.current.table, spec.silver.current.path
-            )
-            paths += [current, Path(f"{current}__deleted_keys")]
+        tables = table_paths(spec, settings)
+        paths = [path for role, path in tables.items() if role != "bronze"]
+        if "current" in tables:
+            paths.append(deleted_keys_path(tables["current"]))
         for path in paths:
             if path.exists():
                 target = Path(f"{path}.archived-{stamp}")

@@ -26,6 +26,8 @@ class Stage(Protocol):
     own_query: bool
     #: The Spark checkpoint whose batch ids the stage's writes are idempotent under.
     checkpoint: Path
+    #: The table whose version progress reports (bronze: its table; silver: current or events).
+    main_table: str
     #: Role (bronze, events, current, quarantine) -> (table name, path) of the tables it writes.
     tables: dict[str, tuple[str, str]]
 

@@ -67,6 +67,7 @@ class BronzeStage:
         self.table_path = str(self.locations.table)
         self.query_name = spec.name
         self.tables = {"bronze": (spec.target.table, self.table_path)}
+        self.main_table = self.table_path
         self.checkpoint: Path = self.locations.checkpoint
         self.identity: FlowIdentity | None = None
         self._stream: DataFrame | None = None

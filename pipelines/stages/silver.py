@@ -35,6 +35,7 @@ from pipelines.delta_writes import (
     committed_write,
     idempotent_session,
 )
+from pipelines.errors import ConfigError
 from pipelines.identity import (
     FlowIdentity,
     checkpoint_has_commits,
@@ -42,7 +43,7 @@ from pipelines.identity import (
     read_identity,
 )
 from pipelines.lease import LeaseGuard
-from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.locations import FlowLocations, deleted_keys_path, table_paths
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver import current as current_state
@@ -108,21 +109,20 @@ class SilverStage:
         self.checkpoint: Path = (
             self.locations.stage_checkpoint(STAGE) if self.own_query else self.locations.checkpoint
         )
-        self.events_path = self._path(self.silver.events.table, self.silver.events.path)
-        self.quarantine_path = self._path(self.silver.quarantine.table, self.silver.quarantine.path)
+        paths = table_paths(spec, settings)
+        self.events_path = str(paths["events"])
+        self.quarantine_path = str(paths["quarantine"])
         current = self.silver.current
-        self.current_path = self._path(current.table, current.path) if current else None
-        self.deleted_path = f"{self.current_path}__deleted_keys" if current else None
+        self.current_path = str(paths["current"]) if current else None
+        self.deleted_path = str(deleted_keys_path(paths["current"])) if current else None
         self.tables = {
             "events": (self.silver.events.table, self.events_path),
             "quarantine": (self.silver.quarantine.table, self.quarantine_path),
         }
         if current is not None and self.current_path is not None:
             self.tables["current"] = (current.table, self.current_path)
+        self.main_table = self.current_path or self.events_path
         self.identity: FlowIdentity | None = None
-
-    def _path(self, table: str, path: str | None) -> str:
-        return str(silver_table_path(self.settings, table, path))
 
     def app_id(self, table: str) -> str:
         assert self.identity is not None, "prepare() runs before any batch"
@@ -209,8 +209,6 @@ class SilverStage:
 
     def _sequence_type(self, spark: SparkSession, row: StructType) -> str:
         """The type of the sequence expression, found by analysing it on an empty parsed frame."""
-        from pipelines.errors import ConfigError
-
         empty = spark.createDataFrame(
             [],
             ddl_struct(
