@@ -14,6 +14,7 @@ from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asse
 
 from assets.flows import flow_assets, source_specs
 from assets.keys import flow_asset_keys
+from assets.maintenance import maintenance_job, maintenance_schedule
 from assets.resources import SparkSubmitResource, pyspark_resource
 from assets.sensors import dead_run_worker_sensor
 from pipelines.locations import check_distinct_tables
@@ -38,7 +39,7 @@ def select_flows(specs: list[FlowSpec], names: Sequence[str] | None, where: Path
 def build_definitions(
     flows_dir: Path | None = None, flows: Sequence[str] | None = None
 ) -> Definitions:
-    """Assets, jobs, schedule, sensor and resources of the flow specs in ``flows_dir``.
+    """Assets, jobs, schedules, sensor and resources of the flow specs in ``flows_dir``.
 
     ``flows_dir`` defaults to the settings' (``CONFLUX_FLOWS_DIR``); ``flows`` keeps only the
     flows of those names.
@@ -63,6 +64,12 @@ def build_definitions(
         )
         for spec in specs
     ]
+    maintenance = {spec.name: maintenance_job(spec, settings) for spec in specs}
+    maintenance_schedules = [
+        schedule
+        for spec in specs
+        if (schedule := maintenance_schedule(spec, maintenance[spec.name])) is not None
+    ]
     ingest_job = define_asset_job(
         "ingest_incremental",
         selection=AssetSelection.assets(*incremental),
@@ -70,13 +77,14 @@ def build_definitions(
     )
     return Definitions(
         assets=[*sources.values(), *(flow_assets(spec, settings) for spec in specs)],
-        jobs=[*jobs, ingest_job],
+        jobs=[*jobs, ingest_job, *maintenance.values()],
         schedules=[
             ScheduleDefinition(
                 name="ingest_incremental_every_15_minutes",
                 job=ingest_job,
                 cron_schedule="*/15 * * * *",
-            )
+            ),
+            *maintenance_schedules,
         ],
         sensors=[dead_run_worker_sensor(specs, settings)],
         resources={"spark_submit": SparkSubmitResource(), "pyspark": pyspark_resource()},

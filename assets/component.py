@@ -25,8 +25,9 @@ class ConfluxFlows(dg.Component, dg.Resolvable, dg.Model):
 
     Each flow becomes a multi-asset of its tables (bronze; silver events, quarantine and current
     state), run as one Spark application, with its Kafka topics or landing folder as external
-    source assets and a ``run_<flow>`` job; plus the ``ingest_incremental`` job and its schedule,
-    the dead-run-worker sensor and the resources that launch the flows.
+    source assets, a ``run_<flow>`` job and a ``maintain_<flow>`` table-maintenance job (scheduled
+    when the spec's ``maintenance.schedule`` says); plus the ``ingest_incremental`` job and its
+    schedule, the dead-run-worker sensor and the resources that launch the flows.
     """
 
     flows_dir: str | None = Field(

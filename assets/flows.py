@@ -37,6 +37,11 @@ class FlowRunConfig(Config):
         default=None,
         description=f"Override the specs' trigger mode for this run ({', '.join(TRIGGER_MODES)}).",
     )
+    full_refresh: bool = Field(
+        default=False,
+        description="Rebuild the flow's silver tables from its bronze table and swap them in "
+        "(an incremental run; refused while another run of the flow holds its lease).",
+    )
 
 
 def source_specs(spec: FlowSpec) -> list[AssetSpec]:
@@ -155,6 +160,36 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
                 skippable=True,
             )
         )
+    history = silver.history
+    if history is not None:
+        tracked = history.track_history or "every non-key column" + (
+            f" but {', '.join(history.track_history_except)}"
+            if history.track_history_except
+            else ""
+        )
+        specs.append(
+            AssetSpec(
+                key=keys["history"],
+                deps=[events.key],
+                group_name="silver",
+                kinds={"spark", "delta"},
+                description=(
+                    f"History of flow {spec.name} (SCD type 2): every version of each "
+                    f"({', '.join(silver.history_keys)}), valid from/to "
+                    f"{silver.sequence_expression}; a change of {tracked} opens a version."
+                ),
+                metadata={
+                    **common,
+                    "table_path": str(paths["history"]),
+                    "keys": list(silver.history_keys),
+                    "sequence_by": silver.sequence_expression,
+                    "track_history": list(history.track_history),
+                    "track_history_except": list(history.track_history_except),
+                },
+                tags={"conflux/trigger": spec.trigger.mode},
+                skippable=True,
+            )
+        )
     return specs
 
 
@@ -187,6 +222,11 @@ def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
     ) -> Iterator[PipesExecutionResult]:
         if config.trigger is not None and config.trigger not in TRIGGER_MODES:
             raise Failure(f"trigger: {config.trigger!r} is not one of {', '.join(TRIGGER_MODES)}")
-        yield from run_flows(context, [spec], spark_submit, config.trigger)
+        trigger = "available_now" if config.full_refresh else config.trigger
+        if config.full_refresh and config.trigger not in (None, "available_now"):
+            raise Failure("full_refresh runs incrementally: leave trigger out or available_now")
+        if config.full_refresh and spec.silver is None:
+            raise Failure(f"flow {spec.name} has no silver stage to refresh")
+        yield from run_flows(context, [spec], spark_submit, trigger, config.full_refresh)
 
     return _flow

@@ -40,6 +40,7 @@ KEY_PREFIX = {
     "bronze": "bronze",
     "events": "silver",
     "current": "silver",
+    "history": "silver",
     "quarantine": "quarantine",
 }
 

@@ -276,9 +276,12 @@ def run_flows(
     specs: list[FlowSpec],
     spark_submit: SparkSubmitResource,
     trigger: str | None = None,
+    full_refresh: bool = False,
 ) -> Iterator[PipesExecutionResult]:
     """Run ``specs`` in one Spark application under Pipes; yield the results it reported.
 
+    ``full_refresh`` rebuilds the flows' silver tables from bronze (an ``available_now`` run; see
+    :mod:`pipelines.silver.refresh`).
     ``trigger`` overrides the specs' trigger modes; a run with any continuous flow is followed
     live (throttled materializations per table as batches commit) until it is stopped. The
     flows' leases are taken before anything starts: a flow that is already running fails this
@@ -309,6 +312,7 @@ def run_flows(
             load_settings(),
             spark_submit.launcher(),
             trigger,
+            runner_args=("--full-refresh",) if full_refresh else (),
             owner_kind="dagster",
             details={"dagster_run_id": context.run_id, "run_worker_pid": str(worker_pid)},
             env=session.get_bootstrap_env_vars(),

@@ -1,4 +1,5 @@
-"""``merge_throughput``: silver's MERGE into a current-state table, in upserts/s, by table size.
+"""``merge_throughput``: silver's MERGE into a current-state or history table, in upserts/s, by
+table size.
 
 The harness side (:func:`run_merge_throughput`) runs this file as a child process (the harness has
 no JVM), which drives the real code path of the silver stage:
@@ -16,8 +17,14 @@ no JVM), which drives the real code path of the silver stage:
    ``reduce_batch`` + ``drop_deleted`` + ``merge_current`` under ``idempotent_session``; only that
    call is timed.
 
-Variants (each a fresh table): deletion vectors on the current table
-(``delta.enableDeletionVectors=true`` set after creation) and extra session confs (e.g.
+For a **history** table (``--merge-table history``) the events table is loaded with one create
+event per key and the history table with the matching open version per key; each batch's events
+(every update changes ``name``, a tracked column) are appended to the events table untimed, then
+``stage._merge_history`` (recompute the touched keys' versions from the events table, diff, MERGE)
+is timed: each update closes a version and opens one, each new key opens one.
+
+Variants (each a fresh table): deletion vectors on or off (``delta.enableDeletionVectors``, set
+after creation; the stage's default is on) and extra session confs (e.g.
 ``spark.sql.shuffle.partitions``, ``spark.databricks.delta.merge.materializeSource``).
 """
 
@@ -64,30 +71,34 @@ class Variant:
     batch: int
     deletion_vectors: bool
     conf: dict[str, str]
+    table: str = "current"
 
     @property
     def label(self) -> str:
         extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.conf.items())
         dv = "DV" if self.deletion_vectors else "no DV"
-        return f"{self.keys:,} keys, batch {self.batch:,}, {dv}" + (f", {extra}" if extra else "")
+        return f"{self.table}: {self.keys:,} keys, batch {self.batch:,}, {dv}" + (
+            f", {extra}" if extra else ""
+        )
 
 
 # --------------------------------------------------------------------------- child (Spark) side
 
 
-def flow_spec(name: str) -> Any:
+def flow_spec(name: str, table: str = "current") -> Any:
     from pipelines.spec import parse_spec
 
+    tables: dict[str, Any] = (
+        {"current": {"table": f"{name}_current", "keys": ["id"]}}
+        if table == "current"
+        else {"history": {"table": f"{name}_history", "keys": ["id"]}}
+    )
     return parse_spec(
         {
             "name": name,
             "source": {"kind": "kafka", "topics": [f"{name}_cdc"]},
             "target": {"table": f"bronze_{name}"},
-            "silver": {
-                "format": "debezium",
-                "schema": SCHEMA_DDL,
-                "current": {"table": f"{name}_current", "keys": ["id"]},
-            },
+            "silver": {"format": "debezium", "schema": SCHEMA_DDL, **tables},
         },
         f"<bench {name}>",
     )
@@ -101,13 +112,13 @@ def _rows(spark: Any, start: int, count: int, partitions: int) -> Any:
     return _values(frame, F.col("id"))
 
 
-def _values(frame: Any, key: Any) -> Any:
+def _values(frame: Any, key: Any, version: int = 0) -> Any:
     from pyspark.sql import functions as F
 
     tiers = F.array(*(F.lit(t) for t in ("free", "silver", "gold", "platinum")))
     return frame.select(
         key.alias("id"),
-        F.concat(F.lit("Customer "), key.cast("string")).alias("name"),
+        F.concat(F.lit("Customer "), key.cast("string"), F.lit(f" v{version}")).alias("name"),
         F.concat(F.lit("c"), key.cast("string"), F.lit("@example.com")).alias("email"),
         F.element_at(tiers, (key % 4 + 1).cast("int")).alias("tier"),
         F.current_timestamp().alias("updated_at"),
@@ -133,6 +144,45 @@ def load_current(spark: Any, path: str, keys: int) -> float:
     return time.monotonic() - started
 
 
+def load_history(spark: Any, events_path: str, history_path: str, keys: int) -> float:
+    """One create event per key in the events table, its open version in the history table."""
+    from pyspark.sql import functions as F
+
+    from pipelines.silver.parse import EVENT_METADATA
+
+    partitions = max(2, keys // 1_000_000)
+    started = time.monotonic()
+    now = F.current_timestamp()
+    rows = _rows(spark, 0, keys, partitions)
+    metadata = {
+        "_op": F.lit("c"),
+        "_sequence": F.col("id"),
+        "_event_time": now,
+        "_event_date": F.to_date(now),
+        "_source_topic": F.lit("bench_cdc"),
+        "_source_partition": F.lit(0),
+        "_source_offset": F.col("id"),
+        "_source_timestamp": now,
+        "_source_ts_ms": F.unix_millis(now),
+        "_source_lsn": F.col("id"),
+        "_ingested_at": now,
+        "_batch_id": F.lit(-1).cast("long"),
+    }
+    rows.select("*", *(value.alias(name) for name, value in metadata.items())).select(
+        *rows.columns, *EVENT_METADATA
+    ).write.format("delta").mode("append").partitionBy("_event_date").save(events_path)
+    rows.select(
+        "*",
+        F.col("id").alias("_valid_from"),
+        F.lit(None).cast("long").alias("_valid_to"),
+        now.alias("_valid_from_time"),
+        F.lit(None).cast("timestamp").alias("_valid_to_time"),
+        F.lit(True).alias("_is_current"),
+        now.alias("_updated_at"),
+    ).write.format("delta").mode("append").save(history_path)
+    return time.monotonic() - started
+
+
 def events_batch(spark: Any, index: int, existing: int, batch: int, first_sequence: int) -> Any:
     """One batch of events: 80 % updates of distinct existing keys, 20 % inserts of new keys."""
     from pyspark.sql import functions as F
@@ -145,8 +195,29 @@ def events_batch(spark: Any, index: int, existing: int, batch: int, first_sequen
     picks = spark.range(0, batch, 1, 4)
     i = F.col("id")
     key = F.when(i < updates, (i * PERMUTE + offset) % existing).otherwise(existing + i - updates)
-    frame = _values(picks.withColumn("_i", i), key).withColumn("_i", i)
-    sequence = F.lit(first_sequence) + F.col("_i")
+    frame = _values(picks.withColumn("_i", i), key, index + 1).withColumn("_i", i)
+    return change_events(
+        frame,
+        updates,
+        sequence=F.lit(first_sequence) + F.col("_i"),
+        source_partition=F.col("_i") % 3,
+        source_offset=F.lit(index * batch) + F.col("_i"),
+        batch_id=index,
+    )
+
+
+def change_events(
+    frame: Any,
+    updates: int,
+    sequence: Any,
+    source_partition: Any,
+    source_offset: Any,
+    batch_id: int,
+) -> Any:
+    """Rows of ``frame`` (customers with a row number ``_i``) as the parsed change events a silver
+    batch MERGEs: the first ``updates`` rows are updates (``u``), the rest creates (``c``)."""
+    from pyspark.sql import functions as F
+
     now = F.current_timestamp()
     return frame.select(
         "id",
@@ -159,13 +230,13 @@ def events_batch(spark: Any, index: int, existing: int, batch: int, first_sequen
         now.alias("_event_time"),
         F.to_date(now).alias("_event_date"),
         F.lit("bench_cdc").alias("_source_topic"),
-        (F.col("_i") % 3).cast("int").alias("_source_partition"),
-        F.col("_i").alias("_source_offset"),
+        source_partition.cast("int").alias("_source_partition"),
+        source_offset.alias("_source_offset"),
         now.alias("_source_timestamp"),
-        (F.unix_millis(now)).alias("_source_ts_ms"),
+        F.unix_millis(now).alias("_source_ts_ms"),
         sequence.alias("_source_lsn"),
         now.alias("_ingested_at"),
-        F.lit(index).cast("long").alias("_batch_id"),
+        F.lit(batch_id).cast("long").alias("_batch_id"),
     )
 
 
@@ -194,18 +265,22 @@ def measure(
     from pipelines.stages.silver import SilverStage
 
     settings = load_settings()
-    spec = flow_spec(f"merge{number}")
+    spec = flow_spec(f"merge{number}", variant.table)
     locations = FlowLocations.of(spec, settings)
     write_identity(locations, FlowIdentity.new(spec, locations))
     stage = SilverStage(spec, settings, None, lambda _commit: None)
     stage.prepare(spark)
-    current = stage.current_path
+    history = variant.table == "history"
+    current = stage.history_path if history else stage.current_path
     assert current is not None
-    if variant.deletion_vectors:
-        spark.sql(
-            f"ALTER TABLE delta.`{current}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
-        )
-    load_seconds = load_current(spark, current, variant.keys)
+    dv = "true" if variant.deletion_vectors else "false"
+    spark.sql(
+        f"ALTER TABLE delta.`{current}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{dv}')"
+    )
+    if history:
+        load_seconds = load_history(spark, stage.events_path, current, variant.keys)
+    else:
+        load_seconds = load_current(spark, current, variant.keys)
     say(f"{variant.label}: loaded in {load_seconds:.1f} s, {file_count(spark, current)} files")
     previous = {k: spark.conf.get(k, None) for k in variant.conf}
     for key, value in variant.conf.items():
@@ -217,8 +292,10 @@ def measure(
             events = events_batch(spark, index, existing, variant.batch, (index + 1) * 10**10)
             events = events.select(*[*spec.silver.columns(), *EVENT_METADATA]).persist()
             events.count()
+            if history:  # the stage appends the batch's events before the history MERGE
+                events.write.format("delta").mode("append").save(stage.events_path)
             started = time.monotonic()
-            writes = stage._merge(events, index)
+            writes = stage._merge_history(events, index) if history else stage._merge(events, index)
             seconds = time.monotonic() - started
             events.unpersist()
             metrics = last_metrics(spark, current)
@@ -238,9 +315,11 @@ def measure(
                 "scan_ms": int(metrics.get("scanTimeMs", 0)),
                 "rewrite_ms": int(metrics.get("rewriteTimeMs", 0)),
             }
+            updates = variant.batch - int(variant.batch * NEW_FRACTION)
+            # history: an update closes a version (updated) and opens one (inserted)
             expected = (
-                variant.batch - int(variant.batch * NEW_FRACTION),
-                int(variant.batch * NEW_FRACTION),
+                updates,
+                int(variant.batch * NEW_FRACTION) + (updates if history else 0),
             )
             if (run["updated"], run["inserted"]) != expected:
                 raise SystemExit(
@@ -258,6 +337,7 @@ def measure(
     shutil.rmtree(runtime / "lake" / "silver", ignore_errors=True)  # keep the disk small
     return {
         "variant": variant.label,
+        "table": variant.table,
         "keys": variant.keys,
         "batch": variant.batch,
         "deletion_vectors": variant.deletion_vectors,
@@ -281,7 +361,9 @@ def child_main(argv: list[str]) -> int:
     runtime = load_settings().runtime_dir
     results = []
     for number, raw in enumerate(plan["variants"]):
-        variant = Variant(raw["keys"], raw["batch"], raw["deletion_vectors"], raw["conf"])
+        variant = Variant(
+            raw["keys"], raw["batch"], raw["deletion_vectors"], raw["conf"], raw["table"]
+        )
         results.append(measure(spark, runtime, number, variant, plan["batches"]))
     conf = {
         k: spark.conf.get(k)
@@ -311,10 +393,15 @@ def parse_conf(items: list[str]) -> dict[str, str]:
 
 
 def plan_of(
-    keys: list[int], batches_sizes: list[int], dv_modes: list[bool], confs: list[dict[str, str]]
+    keys: list[int],
+    batches_sizes: list[int],
+    dv_modes: list[bool],
+    confs: list[dict[str, str]],
+    tables: tuple[str, ...] = ("current",),
 ) -> list[Variant]:
     return [
-        Variant(k, b, dv, c)
+        Variant(k, b, dv, c, t)
+        for t in tables
         for k in keys
         for b in batches_sizes
         for c in confs
@@ -375,28 +462,32 @@ def _median_seconds(result: dict[str, Any]) -> float:
 
 def _ratios(results: list[dict[str, Any]]) -> list[Row]:
     rows = []
-    by = {(r["keys"], r["batch"], r["deletion_vectors"], json.dumps(r["conf"])): r for r in results}
-    for (keys, batch, dv, conf), result in by.items():
-        if dv and (keys, batch, False, conf) in by:
-            plain = by[(keys, batch, False, conf)]
+    by = {
+        (r["keys"], r["batch"], r["deletion_vectors"], json.dumps(r["conf"]), r.get("table")): r
+        for r in results
+    }
+    for (keys, batch, dv, conf, table), result in by.items():
+        if dv and (keys, batch, False, conf, table) in by:
+            plain = by[(keys, batch, False, conf, table)]
             rows.append(
                 Row(
                     "merge_throughput",
-                    f"DV / no DV, {keys:,} keys, batch {batch:,}"
+                    f"DV / no DV, {table}, {keys:,} keys, batch {batch:,}"
                     + (f", {conf}" if conf != "{}" else ""),
                     f"{_median_seconds(plain) / _median_seconds(result):.2f}x upserts/s",
                     "median batch times",
                 )
             )
     sizes = sorted({r["keys"] for r in results})
-    for (keys, batch, dv, conf), result in by.items():
-        if keys == sizes[0] or (sizes[0], batch, dv, conf) not in by:
+    for (keys, batch, dv, conf, table), result in by.items():
+        if keys == sizes[0] or (sizes[0], batch, dv, conf, table) not in by:
             continue
-        small = by[(sizes[0], batch, dv, conf)]
+        small = by[(sizes[0], batch, dv, conf, table)]
         rows.append(
             Row(
                 "merge_throughput",
-                f"batch time {keys:,} / {sizes[0]:,} keys, batch {batch:,}, {'DV' if dv else 'no DV'}",
+                f"{table} batch time {keys:,} / {sizes[0]:,} keys, batch {batch:,}, "
+                f"{'DV' if dv else 'no DV'}",
                 f"{_median_seconds(result) / _median_seconds(small):.2f}x",
                 f"table {keys / sizes[0]:.0f}x larger; median batch times",
             )

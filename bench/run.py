@@ -1,4 +1,5 @@
-"""Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency.
+"""Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency;
+on request (``--only``) silver's MERGE throughput and latency, and reads before / after OPTIMIZE.
 
 Usage (from the project root)::
 
@@ -30,6 +31,7 @@ from bench.harness import PROJECT_ROOT, BenchError, Outcome, say
 from bench.latency import run_latency
 from bench.machine import load_average, machine_facts, versions
 from bench.merge import parse_conf, plan_of, run_merge_throughput
+from bench.optimize import Plan, run_optimize_reads
 from bench.orders import Pace
 from bench.own_broker import broker_outcome, start_broker, stop_broker
 from bench.report import RESULTS_HEADER, markdown_block, write_json
@@ -45,9 +47,10 @@ BENCHMARKS = (
     "e2e_latency",
     "merge_throughput",
     "silver_latency",
+    "optimize_reads",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
-ON_REQUEST = {"merge_throughput", "silver_latency"}
+ON_REQUEST = {"merge_throughput", "silver_latency", "optimize_reads"}
 NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
 
 
@@ -95,6 +98,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="merge_throughput: deletion vectors on the current table",
     )
     parser.add_argument(
+        "--merge-table",
+        choices=("current", "history", "both"),
+        default="current",
+        help="merge_throughput: MERGE into a current-state (SCD1) or a history (SCD2) table",
+    )
+    parser.add_argument(
         "--merge-conf",
         action="append",
         metavar="K=V[,K=V]",
@@ -113,6 +122,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         nargs="+",
         default=["500 milliseconds"],
         help="silver_latency: trigger intervals to measure (each with every design)",
+    )
+    parser.add_argument(
+        "--optimize-batches",
+        type=int,
+        default=200,
+        help="optimize_reads: MERGE batches that build the current table",
+    )
+    parser.add_argument(
+        "--optimize-batch",
+        type=int,
+        default=1_000,
+        help="optimize_reads: upserts per batch (the first inserts, then half updates, half new)",
+    )
+    parser.add_argument(
+        "--optimize-reads", type=int, default=5, help="optimize_reads: reads of each kind measured"
+    )
+    parser.add_argument(
+        "--optimize-dv",
+        choices=("off", "on", "both"),
+        default="on",
+        help="optimize_reads: deletion vectors on the current table (on: the default of current "
+        "tables; off: MERGE rewrites the files it touches, so few small files pile up)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     return parser.parse_args(argv)
@@ -137,6 +168,8 @@ class Bench:
             self.session_start()
         if "merge_throughput" in self.selected:
             self.merge()
+        if "optimize_reads" in self.selected:
+            self.optimize_reads()
         if self.selected & NEEDS_BROKER:
             self.with_broker()
 
@@ -177,9 +210,16 @@ class Bench:
         a = self.args
         dv = {"off": [False], "on": [True], "both": [False, True]}[a.merge_dv]
         confs = [parse_conf([i for i in c.split(",") if i.strip()]) for c in a.merge_conf or [""]]
-        variants = plan_of(a.merge_keys, a.merge_batch, dv, confs)
+        tables = ("current", "history") if a.merge_table == "both" else (a.merge_table,)
+        variants = plan_of(a.merge_keys, a.merge_batch, dv, confs, tables)
         outcome = run_merge_throughput(self.workdir, self.jars_dir, variants, a.merge_batches)
         self.record("merge_throughput", outcome)
+
+    def optimize_reads(self) -> None:
+        a = self.args
+        dv = {"off": (False,), "on": (True,), "both": (False, True)}[a.optimize_dv]
+        plan = Plan(a.optimize_batches, a.optimize_batch, a.optimize_reads, dv)
+        self.record("optimize_reads", run_optimize_reads(self.workdir, self.jars_dir, plan))
 
     def silver_latency(self, bootstrap: str) -> None:
         a = self.args

@@ -1,4 +1,5 @@
-"""``conflux``: validate, list, inspect, run, stop and reset flows from a terminal.
+"""``conflux``: validate, list, inspect, run, stop, reset, refresh and maintain flows from a
+terminal.
 
 Every command works on the flows folder of the settings (``CONFLUX_FLOWS_DIR``, default
 ``flows/``) and talks to running flows only through their files: the lease (who runs it), the
@@ -149,6 +150,32 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     application = FlowApplication(
         specs, settings, trigger=trigger, owner_kind="cli", stdout=subprocess.PIPE
     )
+    return _attend(application, args.flows)
+
+
+def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
+    from pipelines.silver.refresh import abandon_refresh
+
+    spec = _spec(settings, args.flow)
+    if args.abandon:
+        removed = abandon_refresh(spec, settings)
+        for path in removed:
+            print(f"removed {path}")
+        print(f"flow {spec.name}: " + ("refresh dropped" if removed else "no refresh pending"))
+        return 0
+    application = FlowApplication(
+        [spec],
+        settings,
+        trigger="available_now",
+        runner_args=("--full-refresh",),
+        owner_kind="cli",
+        stdout=subprocess.PIPE,
+    )
+    return _attend(application, [spec.name])
+
+
+def _attend(application: FlowApplication, flows: Sequence[str]) -> int:
+    """Run the application, relaying its output with a progress bar; Ctrl-C stops it."""
     interrupts = 0
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -167,10 +194,10 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 os.killpg(application.process.pid, signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    bar = _ProgressBar([s.name for s in specs])
+    bar = _ProgressBar([s.name for s in application.specs])
     try:
         with application:
-            print(f"conflux: running {', '.join(args.flows)} as {application.owner}", flush=True)
+            print(f"conflux: running {', '.join(flows)} as {application.owner}", flush=True)
             assert application.process is not None and application.process.stdout is not None
             for raw in application.process.stdout:
                 text = raw.decode(errors="replace")
@@ -186,7 +213,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         bar.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"conflux: {', '.join(args.flows)} exited with code {code}; {bar.rows} rows written")
+    print(f"conflux: {', '.join(flows)} exited with code {code}; {bar.rows} rows written")
     return code
 
 
@@ -237,6 +264,40 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
+    """OPTIMIZE and VACUUM the flow's tables in a Spark session of its own (beside a running flow)."""
+    from pyspark.sql import SparkSession
+
+    from pipelines.maintenance import maintain_flow
+    from pipelines.spark import get_spark_session
+
+    spec = _spec(settings, args.flow)
+    optimize = False if args.no_optimize else None
+    vacuum = False if args.no_vacuum else None
+    owned = SparkSession.getActiveSession() is None
+    spark = get_spark_session(f"conflux-maintain-{spec.name}", settings, ui=False)
+    try:
+        reports = maintain_flow(spark, spec, settings, optimize=optimize, vacuum=vacuum)
+    finally:
+        if owned:
+            spark.stop()
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
+    else:
+        for report in reports:
+            print(report.summary())
+        if not reports:
+            print(f"flow {spec.name} has no table yet: nothing to maintain")
+    failed = [r.table for r in reports if not r.ok]
+    if failed:
+        print(
+            f"conflux: maintenance of flow {spec.name} failed for {', '.join(failed)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def cmd_schema(_settings: Settings, _args: argparse.Namespace) -> int:
     print(json.dumps(json_schema(), indent=2))
     return 0
@@ -272,6 +333,23 @@ def parser() -> argparse.ArgumentParser:
         help="only this stage: move its tables and checkpoint aside and rebuild them from bronze",
     )
     reset.set_defaults(func=cmd_reset)
+    refresh = commands.add_parser(
+        "refresh",
+        help="rebuild a flow's silver tables from bronze, then swap them in (one incremental run)",
+    )
+    refresh.add_argument("flow")
+    refresh.add_argument(
+        "--abandon", action="store_true", help="drop a refresh still building (live tables stay)"
+    )
+    refresh.set_defaults(func=cmd_refresh)
+    maintain = commands.add_parser(
+        "maintain", help="OPTIMIZE and VACUUM a flow's tables (as its spec's maintenance says)"
+    )
+    maintain.add_argument("flow")
+    maintain.add_argument("--no-optimize", action="store_true", help="skip OPTIMIZE")
+    maintain.add_argument("--no-vacuum", action="store_true", help="skip VACUUM")
+    maintain.add_argument("--json", action="store_true", help="machine-readable output")
+    maintain.set_defaults(func=cmd_maintain)
     commands.add_parser(
         "schema", help="print the JSON Schema of flow specs (flows/flow.schema.json)"
     ).set_defaults(func=cmd_schema)

@@ -14,20 +14,32 @@ that Spark replays after a crash (same batch id, same input) changes nothing it 
 After a write, :func:`committed_write` reads the commit files the write added (no Spark job: plain
 Hadoop FileSystem reads of ``_delta_log``) and says what Delta did: the version that holds the
 batch's transaction id and its row count, or that the write was a replay Delta skipped.
+
+A MERGE that meets a concurrent OPTIMIZE (table maintenance) is retried under the same
+transaction id (:func:`retry_on_maintenance`): maintenance never fails a stream.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+)
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.progress import delta_version
+
+log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -160,3 +172,40 @@ def idempotent_session(spark: SparkSession, app_id: str, batch_id: int) -> Itera
     finally:
         spark.conf.unset(TXN_APP_ID_CONF)
         spark.conf.unset(TXN_VERSION_CONF)
+
+
+#: Conflicts a MERGE can meet from table maintenance (OPTIMIZE rewriting the files it read).
+#: ``ConcurrentTransactionException`` is not among them: that is another writer of the same
+#: transaction id, i.e. a second run, and must fail.
+MAINTENANCE_CONFLICTS = (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentDeleteDeleteException,
+)
+
+
+def retry_on_maintenance(
+    write: Callable[[], None], table: str, batch_id: int, attempts: int = 5
+) -> None:
+    """Run a Delta DML ``write``; on a conflict with maintenance, run it again (same session, so
+    the same transaction version), up to ``attempts`` times with growing pauses.
+
+    Safe because the conflicting commit changed no data (OPTIMIZE, VACUUM's log entries) and the
+    lease keeps any other writer away; the failed attempt committed nothing.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            write()
+            return
+        except MAINTENANCE_CONFLICTS as exc:
+            if attempt == attempts:
+                raise
+            pause = min(0.5 * 2**attempt, 8.0)
+            log.warning(
+                "%s: batch %d conflicted with a concurrent commit (%s); retrying in %.1f s",
+                table,
+                batch_id,
+                type(exc).__name__,
+                pause,
+            )
+            time.sleep(pause)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.delta_writes import TableWrite
 from pipelines.lease import LeaseGuard
 from pipelines.progress import BatchCommit, ProgressTracker
 from pipelines.settings import Settings
@@ -29,15 +30,15 @@ from pipelines.stages.bronze import BronzeStage
 from pipelines.stages.silver import SilverStage
 
 OnCommit = Callable[[BatchCommit], None]
+#: Builds a stage: (spec, settings, lease guard, on commit, full refresh) -> the stage.
+StageBuilder = Callable[[FlowSpec, Settings, LeaseGuard | None, OnCommit, bool], Stage]
 #: Stage kinds in flow order: whether a spec declares the stage, and how to build it.
-STAGE_KINDS: list[
-    tuple[
-        str,
-        Callable[[FlowSpec], bool],
-        Callable[[FlowSpec, Settings, LeaseGuard | None, OnCommit], Stage],
-    ]
-] = [
-    ("bronze", lambda spec: True, BronzeStage),
+STAGE_KINDS: list[tuple[str, Callable[[FlowSpec], bool], StageBuilder]] = [
+    (
+        "bronze",
+        lambda spec: True,
+        lambda spec, st, guard, commit, _refresh: BronzeStage(spec, st, guard, commit),
+    ),
     ("silver", lambda spec: spec.silver is not None, SilverStage),
 ]
 
@@ -50,6 +51,8 @@ class FlowPipeline:
     settings: Settings
     guard: LeaseGuard | None
     tracker: ProgressTracker
+    #: Rebuild the stages after bronze from bronze (:mod:`pipelines.silver.refresh`).
+    full_refresh: bool = False
     stages: list[Stage] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -59,7 +62,9 @@ class FlowPipeline:
             if not declared(self.spec):
                 continue
             runs_in: dict[str, str] = {}
-            stage = build(self.spec, self.settings, self.guard, self._recorder(runs_in))
+            stage = build(
+                self.spec, self.settings, self.guard, self._recorder(runs_in), self.full_refresh
+            )
             query = stage.query_name if stage.own_query else query
             runs_in["query"] = query
             self.stages.append(stage)
@@ -72,6 +77,10 @@ class FlowPipeline:
     def prepare(self, spark: SparkSession) -> None:
         for stage in self.stages:
             stage.prepare(spark)
+
+    def finish(self, spark: SparkSession) -> list[TableWrite]:
+        """After every query of the run ended cleanly: each stage's closing work, in order."""
+        return [write for stage in self.stages for write in stage.finish(spark)]
 
     def phases(self, trigger_mode: str | None) -> list[list[Stage]]:
         """The stages that start a query, grouped in the phases they run in (see module doc)."""

@@ -54,11 +54,20 @@ class FlowIdentity:
     created_at: str
     #: Set by ``conflux reset``: the next run stamps the table with this identity.
     adopt_table: bool = False
+    #: Bumped by each full refresh of the silver stage (:mod:`pipelines.silver.refresh`).
+    silver_generation: int = 0
 
     @property
     def txn_app_id(self) -> str:
         """Delta transaction app id of this flow's writes: one per table and generation."""
         return f"conflux-{self.flow_id}-g{self.generation}"
+
+    def silver_app_id(self, table: str, silver_generation: int | None = None) -> str:
+        """The app id of a silver table's writes: a full refresh (a new silver checkpoint whose
+        batch ids restart at 0) writes under a new one, ``-s<k>``."""
+        generation = self.silver_generation if silver_generation is None else silver_generation
+        refreshed = f"-s{generation}" if generation else ""
+        return f"{self.txn_app_id}{refreshed}-{table}"
 
     def table_properties(self) -> dict[str, str]:
         return {

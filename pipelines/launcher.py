@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -80,6 +80,7 @@ class SparkSubmit:
         trigger: str | None,
         stop_file: Path,
         lease_owner: str | None,
+        runner_args: Sequence[str] = (),
     ) -> list[str]:
         conf = spark_conf(settings)
         command = [
@@ -94,7 +95,7 @@ class SparkSubmit:
             command += ["--trigger", trigger]
         if lease_owner:
             command += ["--lease-owner", lease_owner]
-        return [*command, "--stop-file", str(stop_file)]
+        return [*command, *runner_args, "--stop-file", str(stop_file)]
 
 
 @dataclass
@@ -110,6 +111,8 @@ class FlowApplication:
     settings: Settings
     spark_submit: SparkSubmit = field(default_factory=SparkSubmit)
     trigger: str | None = None
+    #: More arguments for the runner (e.g. ``--full-refresh``).
+    runner_args: Sequence[str] = ()
     owner_kind: str = "launcher"
     details: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
@@ -140,6 +143,7 @@ class FlowApplication:
             self.trigger,
             self.stop_file,
             self.owner,
+            self.runner_args,
         )
 
     def __enter__(self) -> FlowApplication:

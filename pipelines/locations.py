@@ -101,7 +101,7 @@ def deleted_keys_path(current_table: Path) -> Path:
 
 
 def table_paths(spec: FlowSpec, settings: Settings) -> dict[str, Path]:
-    """Every table a flow writes, by role (bronze, events, quarantine, current)."""
+    """Every table a flow writes, by role (bronze, events, quarantine, current, history)."""
     paths = {"bronze": FlowLocations.of(spec, settings).table}
     if spec.silver is not None:
         silver = spec.silver
@@ -112,6 +112,10 @@ def table_paths(spec: FlowSpec, settings: Settings) -> dict[str, Path]:
         if silver.current is not None:
             paths["current"] = silver_table_path(
                 settings, silver.current.table, silver.current.path
+            )
+        if silver.history is not None:
+            paths["history"] = silver_table_path(
+                settings, silver.history.table, silver.history.path
             )
     return paths
 

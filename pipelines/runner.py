@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -51,6 +52,7 @@ from pipelines.locations import FlowLocations, check_distinct_tables
 from pipelines.progress import ProgressTracker
 from pipelines.reporting import Reporter, open_reporter
 from pipelines.settings import Settings, load_settings
+from pipelines.silver.refresh import resume_swap
 from pipelines.spark import get_spark_session
 from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
 
@@ -251,20 +253,34 @@ def run_flows(
     trigger_mode: str | None = None,
     spark: SparkSession | None = None,
     lease_owner: str | None = None,
+    full_refresh: bool = False,
 ) -> int:
     """Run ``specs`` in one Spark application and report their progress; return the exit code.
 
     ``lease_owner``: the launcher that holds (and renews) the flows' leases; None takes them here.
+    ``full_refresh``: rebuild the flows' silver tables from bronze and swap them in at the end
+    (:mod:`pipelines.silver.refresh`); an incremental (``available_now``) run only.
 
     Raises:
         LeaseHeldError / LeaseLostError: the leases are not this run's (before Spark starts).
         ConfigError: a spec or a flow's identity is invalid.
     """
     check_distinct_tables(specs, settings)
+    if full_refresh:
+        continuous = [s.name for s in specs if (trigger_mode or s.trigger.mode) != "available_now"]
+        if continuous:
+            raise ConfigError(
+                f"flows {', '.join(continuous)}: a full refresh is an incremental run: run it "
+                "with trigger available_now (`conflux refresh FLOW` does), then start the "
+                "continuous run again"
+            )
+    run = partial(
+        _run_owned, specs, settings, reporter, stop, trigger_mode, spark, full_refresh=full_refresh
+    )
     if lease_owner is None:
         with own_leases(specs, settings) as owner:
-            return _run_owned(specs, settings, reporter, stop, trigger_mode, spark, owner)
-    return _run_owned(specs, settings, reporter, stop, trigger_mode, spark, lease_owner)
+            return run(owner)
+    return run(lease_owner)
 
 
 def _run_owned(
@@ -275,6 +291,7 @@ def _run_owned(
     trigger_mode: str | None,
     spark: SparkSession | None,
     owner: str,
+    full_refresh: bool = False,
 ) -> int:
     locations = {s.name: FlowLocations.of(s, settings) for s in specs}
     guards = {name: LeaseGuard(name, loc.lease_store(), owner) for name, loc in locations.items()}
@@ -286,7 +303,12 @@ def _run_owned(
     own_session = spark is None
     spark = spark or get_spark_session("conflux-" + "-".join(s.name for s in specs), settings)
     tracker = ProgressTracker(reporter)
-    pipelines = [FlowPipeline(spec, settings, guards[spec.name], tracker) for spec in specs]
+    for spec in specs:
+        for write in resume_swap(spark, spec, settings):  # a crash cut a full refresh's swap
+            reporter.info(f"flow {spec.name}: finished swapping in {write.table}")
+    pipelines = [
+        FlowPipeline(spec, settings, guards[spec.name], tracker, full_refresh) for spec in specs
+    ]
     spark.streams.addListener(tracker)
     code = EXIT_OK
     try:
@@ -299,6 +321,13 @@ def _run_owned(
         for name, query in queries.items():
             if query.lastProgress is not None:
                 tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
+        if code == EXIT_OK and not stop.requested:
+            for pipeline in pipelines:
+                for write in pipeline.finish(spark):
+                    reporter.info(
+                        f"flow {pipeline.spec.name}: swapped in the rebuilt {write.role} table "
+                        f"{write.table} (version {write.version})"
+                    )
     finally:
         spark.streams.removeListener(tracker)
         if own_session:  # before Python exits, so no listener event is sent to a dead driver
@@ -313,6 +342,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spec", action="append", required=True, type=Path, help="flow spec YAML")
     parser.add_argument("--trigger", choices=TRIGGER_MODES, help="override the specs' trigger mode")
     parser.add_argument("--stop-file", type=Path, help="stop gracefully when this file appears")
+    parser.add_argument(
+        "--full-refresh",
+        action="store_true",
+        help="rebuild the flows' silver tables from bronze, then swap them in",
+    )
     parser.add_argument(
         "--lease-owner",
         help="the launcher holding the flows' leases (default: this process takes them)",
@@ -329,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             specs = [load_spec(p) for p in args.spec]
             code = run_flows(
-                specs, load_settings(), reporter, stop, args.trigger, lease_owner=args.lease_owner
+                specs,
+                load_settings(),
+                reporter,
+                stop,
+                args.trigger,
+                lease_owner=args.lease_owner,
+                full_refresh=args.full_refresh,
             )
         except (LeaseHeldError, LeaseLostError) as exc:
             reporter.error(str(exc))

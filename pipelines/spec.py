@@ -60,6 +60,12 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 INTERVAL_RE = re.compile(r"^\d+(\.\d+)?\s*(millisecond|second|minute|hour)s?$")
 #: ``silver.current.deleted_key_retention``: like a trigger interval, in whole units, days allowed.
 RETENTION_RE = re.compile(r"^\d+\s*(second|minute|hour|day)s?$")
+#: ``silver.transform``: ``package.module:function``.
+TRANSFORM_RE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+)
+#: ``maintenance.schedule``: a five-field cron expression.
+CRON_RE = re.compile(r"^\s*(\S+\s+){4}\S+\s*$")
 FILE_FORMATS = ("json", "csv", "parquet")
 TRIGGER_MODES = ("available_now", "continuous")
 SILVER_FORMATS = ("json", "debezium")
@@ -128,6 +134,21 @@ def _local_path(value: str) -> str:
     return value
 
 
+def _transform(value: str) -> str:
+    if not TRANSFORM_RE.match(value):
+        raise _error(
+            f"{value!r} is not a function reference; give `package.module:function`, "
+            "e.g. `transforms.customers:mask_emails`"
+        )
+    return value
+
+
+def _cron(value: str) -> str:
+    if not CRON_RE.match(value):
+        raise _error(f"{value!r} is not a cron expression of five fields, e.g. `0 3 * * *`")
+    return value
+
+
 def _sql_fragment(value: str) -> str:
     if not value.strip():
         raise _error("is empty; give a column or a SQL expression, or leave the field out")
@@ -155,6 +176,8 @@ Topic = Annotated[StrictStr, AfterValidator(_topic), _string(TOPIC_RE)]
 Interval = Annotated[StrictStr, AfterValidator(_interval), _string(INTERVAL_RE)]
 Retention = Annotated[StrictStr, AfterValidator(_retention), _string(RETENTION_RE)]
 LocalPath = Annotated[StrictStr, AfterValidator(_local_path), _string()]
+TransformRef = Annotated[StrictStr, AfterValidator(_transform), _string(TRANSFORM_RE)]
+Cron = Annotated[StrictStr, AfterValidator(_cron), _string(CRON_RE)]
 SqlFragment = Annotated[StrictStr, AfterValidator(_sql_fragment), _string(minLength=1)]
 StringMap = Annotated[
     dict[str, str],
@@ -438,22 +461,124 @@ SchemaDDL = Annotated[
 ]
 
 
+#: Table properties a spec field of its own sets (``properties`` may not set them too).
+FEATURE_PROPERTIES = {
+    "delta.enableChangeDataFeed": "change_data_feed",
+    "delta.enableDeletionVectors": "deletion_vectors",
+    "delta.columnMapping.mode": "column_mapping",
+}
+#: Properties whose shortening could let a replayed batch be written twice, or a stream lose files.
+_GUARDED_PROPERTIES = ("delta.setTransactionRetentionDuration", "delta.logRetentionDuration")
+
+
 class SilverTable(_Model):
-    """A silver table: its name and, optionally, its location."""
+    """A silver table: its name, optionally its location, and the Delta features it uses.
+
+    Features left out get the role's default (see each table); a feature switched on later is
+    switched on at the next start (``ALTER TABLE ... SET TBLPROPERTIES``); switching deletion
+    vectors or column mapping off again is Delta's to refuse.
+    """
 
     table: Identifier = Field(description="Name of the table.")
     path: LocalPath | None = Field(
         default=None, description="Location of the table; default: `<lake>/silver/<table>`."
     )
+    change_data_feed: StrictBool | None = Field(
+        default=None,
+        description="Record row-level changes (Delta's change data feed, "
+        "`delta.enableChangeDataFeed`); default: on for current-state and history tables.",
+    )
+    deletion_vectors: StrictBool | None = Field(
+        default=None,
+        description="Mark deleted and updated rows in deletion vectors instead of rewriting "
+        "files (`delta.enableDeletionVectors`): faster MERGEs; delta-rs reads such tables "
+        "through its `QueryBuilder`. Default: on for current-state and history tables.",
+    )
+    column_mapping: Literal["none", "name"] | None = Field(
+        default=None,
+        description="Delta column mapping (`delta.columnMapping.mode`): `name` allows renaming "
+        "and dropping columns without rewriting the table. Default: none.",
+    )
+    properties: StringMap = Field(
+        default_factory=dict,
+        description="Further Delta table properties, e.g. `delta.logRetentionDuration: "
+        "interval 60 days`.",
+    )
+    z_order_by: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Columns OPTIMIZE Z-orders the files by (table maintenance); not with "
+        "`cluster_by`.",
+    )
+    cluster_by: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Liquid clustering columns (set when the table is created; OPTIMIZE "
+        "clusters by them); not with partitioning or `z_order_by`.",
+    )
+
+    @field_validator("properties")
+    @classmethod
+    def _own_properties(cls, properties: dict[str, str]) -> dict[str, str]:
+        for key in properties:
+            if key in FEATURE_PROPERTIES:
+                raise _error(f"{key!r} has a field of its own: use {FEATURE_PROPERTIES[key]}")
+            if key.startswith("conflux."):
+                raise _error(f"{key!r}: conflux.* properties are Conflux's own records")
+            if key in _GUARDED_PROPERTIES and _days(properties[key]) < 7:
+                raise _error(
+                    f"{key!r} = {properties[key]!r}: Conflux's exactly-once replays and its "
+                    "streams need at least 7 days (`interval 7 days`); give a longer interval"
+                )
+        return properties
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> SilverTable:
+        if self.cluster_by and self.z_order_by:
+            raise _error("give cluster_by or z_order_by, not both", "cluster_by")
+        return self
+
+    def stated_properties(self) -> dict[str, str]:
+        """The table properties the spec states itself (no role defaults): what a start applies
+        to an existing table, so a new default never upgrades a table's protocol unasked."""
+        stated = {
+            key: ("true" if value else "false") if isinstance(value, bool) else value
+            for key, value in (
+                ("delta.enableChangeDataFeed", self.change_data_feed),
+                ("delta.enableDeletionVectors", self.deletion_vectors),
+                ("delta.columnMapping.mode", self.column_mapping),
+            )
+            if value is not None
+        }
+        return {**stated, **self.properties}
+
+    def delta_properties(
+        self, *, change_data_feed: bool = False, deletion_vectors: bool = False
+    ) -> dict[str, str]:
+        """The table properties this spec asks for; the keyword arguments are the role's defaults."""
+        features = {
+            "delta.enableChangeDataFeed": _on(self.change_data_feed, change_data_feed),
+            "delta.enableDeletionVectors": _on(self.deletion_vectors, deletion_vectors),
+        }
+        if self.column_mapping is not None:
+            features["delta.columnMapping.mode"] = self.column_mapping
+        return {**features, **self.properties}
 
 
-class CurrentSpec(_Model):
+def _on(value: bool | None, default: bool) -> str:
+    return "true" if (default if value is None else value) else "false"
+
+
+def _days(interval: str) -> float:
+    """Days in a Delta interval property (``interval 30 days``); unknown units count as long."""
+    match = re.match(r"^\s*(?:interval\s+)?(\d+)\s*(second|minute|hour|day|week)s?\s*$", interval)
+    if match is None:
+        return float("inf")  # Delta validates the syntax when the property is set
+    seconds = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+    return int(match[1]) * seconds[match[2]] / 86400
+
+
+class CurrentSpec(SilverTable):
     """The compacted current-state (SCD type 1) table: one live row per key."""
 
-    table: Identifier = Field(description="Name of the current-state table.")
-    path: LocalPath | None = Field(
-        default=None, description="Location of the table; default: `<lake>/silver/<table>`."
-    )
     keys: tuple[Identifier, ...] = Field(
         min_length=1, description="Key columns (at least one), columns of `silver.schema`."
     )
@@ -487,6 +612,8 @@ class CurrentSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> CurrentSpec:
+        if self.cluster_by and self.partition_by:
+            raise _error("give cluster_by or partition_by, not both", "cluster_by")
         if self.columns and self.except_columns:
             raise _error("give columns or except_columns, not both", "except_columns")
         keys = [c for c in self.except_columns if c in self.keys]
@@ -504,6 +631,66 @@ class CurrentSpec(_Model):
             for c in schema_columns
             if c in self.keys
             or (c in self.columns if self.columns else c not in self.except_columns)
+        )
+
+
+class HistorySpec(SilverTable):
+    """The history (SCD type 2) table: one row per version of a key, with its validity interval.
+
+    A version is valid from the sequence of the change that opened it (``_valid_from``) until the
+    sequence of the change that replaced or deleted it (``_valid_to``, null while it is the key's
+    current version, when ``_is_current`` is true). Lakeflow's ``__START_AT`` / ``__END_AT`` are
+    ``_valid_from`` / ``_valid_to``.
+    """
+
+    keys: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Key columns, columns of `silver.schema`; default: `current.keys` "
+        "(required without a current table).",
+    )
+    sequence_by: SqlFragment | None = Field(
+        default=None,
+        description="Column or SQL expression ordering the changes of a key; default: "
+        "`current.sequence_by`, else the format's default (one sequence per silver stage).",
+    )
+    delete_when: SqlFragment | None = Field(
+        default=None,
+        description="SQL condition marking a json event as a delete (format json only); "
+        "default: `current.delete_when` (one condition per silver stage).",
+    )
+    ignore_null_updates: StrictBool = Field(
+        default=False,
+        description="An update carrying null keeps the column's previous value in the version.",
+    )
+    track_history: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Columns whose change opens a new version (default: every non-key column); "
+        "a change of any other column updates the open version in place.",
+    )
+    track_history_except: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Columns whose change does not open a new version; not together with "
+        "`track_history`.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> HistorySpec:
+        if self.track_history and self.track_history_except:
+            raise _error(
+                "give track_history or track_history_except, not both", "track_history_except"
+            )
+        return self
+
+    def tracked_columns(self, value_columns: Iterable[str]) -> tuple[str, ...]:
+        """The value columns whose change opens a new version, in schema order."""
+        return tuple(
+            c
+            for c in value_columns
+            if (
+                c in self.track_history
+                if self.track_history
+                else c not in self.track_history_except
+            )
         )
 
 
@@ -553,6 +740,15 @@ class SilverSpec(_Model):
     current: CurrentSpec | None = Field(
         default=None, description="The compacted current-state table (optional)."
     )
+    history: HistorySpec | None = Field(
+        default=None, description="The history (SCD type 2) table of every key (optional)."
+    )
+    transform: TransformRef | None = Field(
+        default=None,
+        description="A Python function `package.module:function` (DataFrame -> DataFrame) "
+        "applied to each batch's parsed events before any table is written; it may add columns, "
+        "filter and rewrite rows, but must keep the key, sequence and `_`-metadata columns.",
+    )
 
     def columns(self) -> tuple[str, ...]:
         """Column names of :attr:`schema_ddl`, in order."""
@@ -560,10 +756,29 @@ class SilverSpec(_Model):
 
     @property
     def sequence_expression(self) -> str:
-        """``current.sequence_by``, or the format's default (:data:`DEFAULT_SEQUENCE_BY`)."""
-        if self.current is not None and self.current.sequence_by:
-            return self.current.sequence_by
+        """``current.sequence_by`` or ``history.sequence_by``, or the format's default
+        (:data:`DEFAULT_SEQUENCE_BY`)."""
+        for table in (self.current, self.history):
+            if table is not None and table.sequence_by:
+                return table.sequence_by
         return DEFAULT_SEQUENCE_BY[self.format]
+
+    @property
+    def delete_condition(self) -> str | None:
+        """``current.delete_when`` or ``history.delete_when`` (json only)."""
+        for table in (self.current, self.history):
+            if table is not None and table.delete_when:
+                return table.delete_when
+        return None
+
+    @property
+    def history_keys(self) -> tuple[str, ...]:
+        """The history table's keys: its own, else the current table's."""
+        assert self.history is not None
+        if self.history.keys:
+            return self.history.keys
+        assert self.current is not None, "validated: history without current names its keys"
+        return self.current.keys
 
     @model_validator(mode="after")
     def _check(self) -> SilverSpec:
@@ -580,6 +795,7 @@ class SilverSpec(_Model):
                     "out to use the source's time)",
                     "event_time",
                 )
+        self._check_history(columns, known)
         current = self.current
         if current is None:
             return self
@@ -601,7 +817,50 @@ class SilverSpec(_Model):
                 "only with format json (debezium deletes are the events with op = 'd')",
                 "current.delete_when",
             )
-        sequence = current.sequence_by
+        self._check_sequence(current.sequence_by, "current.sequence_by", columns)
+        return self
+
+    def _check_history(self, columns: tuple[str, ...], known: str) -> None:
+        history, current = self.history, self.current
+        if history is None:
+            return
+        if not history.keys and current is None:
+            raise _error("is required without a current table", "history.keys")
+        keys = self.history_keys
+        for name, names in (
+            ("keys", history.keys),
+            ("track_history", history.track_history),
+            ("track_history_except", history.track_history_except),
+        ):
+            for column in names:
+                if column not in columns:
+                    raise _error(
+                        f"{column!r} is not a column of schema ({known})", f"history.{name}"
+                    )
+        for name in ("track_history", "track_history_except"):
+            named_keys = [c for c in getattr(history, name) if c in keys]
+            if named_keys:
+                raise _error(
+                    f"may not name a key column ({', '.join(named_keys)}): a key identifies "
+                    "the versions",
+                    f"history.{name}",
+                )
+        if history.delete_when is not None and self.format != "json":
+            raise _error(
+                "only with format json (debezium deletes are the events with op = 'd')",
+                "history.delete_when",
+            )
+        for name in ("sequence_by", "delete_when"):
+            mine, theirs = getattr(history, name), getattr(current, name, None)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise _error(
+                    f"{mine!r} differs from current.{name} {theirs!r}: the tables of one silver "
+                    f"stage share one {name}; leave history.{name} out",
+                    f"history.{name}",
+                )
+        self._check_sequence(history.sequence_by, "history.sequence_by", columns)
+
+    def _check_sequence(self, sequence: str | None, field: str, columns: tuple[str, ...]) -> None:
         if sequence is not None and IDENTIFIER_RE.match(sequence):
             metadata = [
                 c
@@ -612,9 +871,38 @@ class SilverSpec(_Model):
                 raise _error(
                     f"{sequence!r} is neither a column of schema nor one of {', '.join(metadata)} "
                     f"(format {self.format}); give a column or a SQL expression",
-                    "current.sequence_by",
+                    field,
                 )
-        return self
+
+
+class MaintenanceSpec(_Model):
+    """Table maintenance of the flow's Delta tables (a Dagster job per flow, and `conflux
+    maintain FLOW`): OPTIMIZE compacts the small files streaming commits leave, VACUUM removes
+    the files no table version within the retention needs."""
+
+    schedule: Cron | None = Field(
+        default=None,
+        description="When the maintenance job runs (cron, UTC), e.g. `0 3 * * *`; default: "
+        "only when launched.",
+    )
+    optimize: StrictBool = Field(default=True, description="Run OPTIMIZE on every table.")
+    vacuum: StrictBool = Field(default=True, description="Run VACUUM on every table.")
+    vacuum_retention: Retention = Field(
+        default="7 days",
+        description="Keep removed files at least this long (Delta's minimum: 7 days); raised "
+        "for a table that a stream of the flow has not read up to yet. Readers of the change "
+        "data feed outside Conflux must not fall further behind than this.",
+    )
+
+    @field_validator("vacuum_retention")
+    @classmethod
+    def _at_least_a_week(cls, retention: str) -> str:
+        if _days(retention) < 7:
+            raise _error(
+                f"{retention!r} is below Delta's minimum of 7 days: streams that restart from "
+                "an older version, and time travel, need the files"
+            )
+        return retention
 
 
 # --- the flow -------------------------------------------------------------------------------------
@@ -625,6 +913,7 @@ _TABLE_FIELDS = {
     "events": "silver.events.table",
     "quarantine": "silver.quarantine.table",
     "current": "silver.current.table",
+    "history": "silver.history.table",
 }
 
 
@@ -644,6 +933,10 @@ class FlowSpec(_Model):
     )
     silver: SilverSpec | None = Field(
         default=None, description="Parse the payloads into silver tables (Kafka sources only)."
+    )
+    maintenance: MaintenanceSpec = Field(
+        default=MaintenanceSpec(),
+        description="OPTIMIZE and VACUUM of the flow's tables, and when they run.",
     )
     spec_file: SkipJsonSchema[str] = Field(
         default="<inline>", description="The file the spec was read from (set by the loader)."
@@ -692,6 +985,8 @@ class FlowSpec(_Model):
             tables += [("quarantine", self.silver.quarantine.table)]
             if self.silver.current is not None:
                 tables += [("current", self.silver.current.table)]
+            if self.silver.history is not None:
+                tables += [("history", self.silver.history.table)]
         return tables
 
 

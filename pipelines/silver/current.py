@@ -26,6 +26,8 @@ one app id per table), so a replayed batch changes neither table again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -39,10 +41,12 @@ DELETED_KEYS_METADATA = ("_sequence", "_deleted_at")
 _ORDER = "_order"
 
 
-def value_columns(spec: SilverSpec) -> list[str]:
-    """The non-key columns the current table keeps (``columns`` / ``except_columns`` applied)."""
+def value_columns(spec: SilverSpec, row_columns: Sequence[str] | None = None) -> list[str]:
+    """The non-key columns the current table keeps (``columns`` / ``except_columns`` applied)
+    of the row's columns: the schema's, or those a transform returns."""
     current = _current(spec)
-    return [c for c in current.kept_columns(spec.columns()) if c not in current.keys]
+    row = spec.columns() if row_columns is None else row_columns
+    return [c for c in current.kept_columns(row) if c not in current.keys]
 
 
 def _current(spec: SilverSpec) -> CurrentSpec:
@@ -54,7 +58,9 @@ def _quoted(name: str) -> str:
     return f"`{name}`"
 
 
-def reduce_batch(events: DataFrame, spec: SilverSpec) -> DataFrame:
+def reduce_batch(
+    events: DataFrame, spec: SilverSpec, row_columns: Sequence[str] | None = None
+) -> DataFrame:
     """One row per key: what the batch's events for that key amount to (see module doc)."""
     current = _current(spec)
     keys = list(current.keys)
@@ -77,7 +83,7 @@ def reduce_batch(events: DataFrame, spec: SilverSpec) -> DataFrame:
         return F.max_by(column, _ORDER).alias(column)
 
     return ranked.groupBy(*keys).agg(
-        *(newest(c) for c in value_columns(spec)),
+        *(newest(c) for c in value_columns(spec, row_columns)),
         F.max_by("_sequence", _ORDER).alias("_sequence"),
         F.max_by("_op", _ORDER).alias("_op"),
         F.max_by("_event_time", _ORDER).alias("_event_time"),
@@ -126,12 +132,17 @@ def drop_deleted(reduced: DataFrame, deleted_keys: DataFrame, spec: SilverSpec) 
     )
 
 
-def merge_current(target: DeltaTable, source: DataFrame, spec: SilverSpec) -> None:
+def merge_current(
+    target: DeltaTable,
+    source: DataFrame,
+    spec: SilverSpec,
+    row_columns: Sequence[str] | None = None,
+) -> None:
     """MERGE one reduced batch into the current-state table (run under the batch's txn id)."""
     current = _current(spec)
     on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in current.keys)
     newer = "s._sequence > t._sequence"
-    values = value_columns(spec)
+    values = value_columns(spec, row_columns)
     if current.ignore_null_updates:
         updates: dict[str, str | Column] = {
             _quoted(c): f"CASE WHEN s._replaces THEN s.{_quoted(c)} "

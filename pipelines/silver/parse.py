@@ -260,8 +260,8 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     # The spec's own expressions see parsed rows only: on a record that did not parse they could
     # fail (ANSI casts) and stop the stream instead of quarantining it.
     parsed = F.size(F.col(REASONS)) == 0
-    if spec.format == "json" and spec.current is not None and spec.current.delete_when:
-        deleted = F.when(parsed, F.expr(spec.current.delete_when))
+    if spec.format == "json" and spec.delete_condition:
+        deleted = F.when(parsed, F.expr(spec.delete_condition))
         frame = frame.withColumn(
             "_op", F.when(F.coalesce(deleted, F.lit(False)), F.lit("d")).otherwise(F.col("_op"))
         )
@@ -285,8 +285,12 @@ def _row_reasons(spec: SilverSpec) -> Column:
     """Reasons about a parsed row: a missing key, a null sequence (only once the row parsed)."""
     parsed = F.size(F.col(REASONS)) == 0
     checks: list[Column] = []
-    if spec.current is not None:
-        for key in spec.current.keys:
+    keys = [
+        *(spec.current.keys if spec.current else ()),
+        *(spec.history_keys if spec.history else ()),
+    ]
+    if keys:
+        for key in dict.fromkeys(keys):
             checks.append(_reason_when(parsed & F.col(key).isNull(), f"missing key column {key}"))
         checks.append(
             _reason_when(

@@ -42,6 +42,8 @@ FORMAT_PROPERTY = "conflux.silver.format"
 KEYS_PROPERTY = "conflux.silver.keys"
 SEQUENCE_PROPERTY = "conflux.silver.sequenceBy"
 CHAINING_PROPERTY = "conflux.silver.chaining"
+#: A history table's tracked columns (and whether null updates are ignored): other versions.
+HISTORY_PROPERTY = "conflux.silver.trackHistory"
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,27 @@ class TableDesign:
     path: str
     schema: StructType
     partition_by: tuple[str, ...] = ()
+    #: Liquid clustering columns, set when the table is created.
+    cluster_by: tuple[str, ...] = ()
     spec_properties: Mapping[str, str] = field(default_factory=dict)
+    #: Delta properties the spec asks for, role defaults included (features: change data feed,
+    #: deletion vectors, ...): set at creation.
     delta_properties: Mapping[str, str] = field(default_factory=dict)
+    #: Those the spec states itself: also set on an existing table when they differ.
+    stated_properties: Mapping[str, str] = field(default_factory=dict)
     #: The spec field a user edits to change this table, for messages.
     spec_field: str = "silver"
+
+
+def _sql_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def sql_properties(properties: Mapping[str, str]) -> str:
+    """``'k' = 'v', ...`` for ``SET TBLPROPERTIES``, quotes escaped (a sequence expression may
+    hold a SQL string)."""
+    return ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
 
 
 def _type_change(old: StructField, new: StructField) -> str | None:
@@ -99,7 +118,9 @@ def check_table(
         IdentityError: the table cannot be continued under this spec and checkpoint.
     """
     rebuild = (
-        f"`conflux reset {identity.flow} --stage silver` (rebuilds the silver tables from bronze)"
+        f"`conflux refresh {identity.flow}` (rebuilds the silver tables from bronze beside the "
+        f"live ones, then swaps them in) or `conflux reset {identity.flow} --stage silver` "
+        "(moves them aside; the next run rebuilds them)"
     )
     what = f"{where}: {design.spec_field}: the {design.role} table {design.table} at {design.path}"
     if properties is None:
@@ -194,6 +215,8 @@ def ensure_table(
         )
         if design.partition_by:
             builder = builder.partitionedBy(*design.partition_by)
+        if design.cluster_by:
+            builder = builder.clusterBy(*design.cluster_by)
         for key, value in {**design.delta_properties, **stamp}.items():
             builder = builder.property(key, value)
         builder.execute()
@@ -203,11 +226,52 @@ def ensure_table(
     if added:
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
         spark.sql(f"ALTER TABLE delta.`{design.path}` ADD COLUMNS ({columns})")
+    _apply_features(spark, design, properties or {}, where)
     missing = {k: v for k, v in stamp.items() if (properties or {}).get(k) != v}
     if action == "stamp" or missing:
-        assignments = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
+        assignments = sql_properties(missing)
         if assignments:
             spark.sql(f"ALTER TABLE delta.`{design.path}` SET TBLPROPERTIES ({assignments})")
+
+
+def _apply_features(
+    spark: SparkSession, design: TableDesign, properties: Mapping[str, str], where: str
+) -> None:
+    """Set the Delta properties the spec states that the table does not have yet (an absent
+    boolean feature is off). Delta refuses what it cannot do, e.g. turning column mapping off."""
+    changed = {
+        key: value
+        for key, value in design.stated_properties.items()
+        if properties.get(key, "false" if value == "false" else None) != value
+    }
+    if not changed:
+        return
+    assignments = sql_properties(changed)
+    try:
+        spark.sql(f"ALTER TABLE delta.`{design.path}` SET TBLPROPERTIES ({assignments})")
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: {design.spec_field}: Delta refused to change the {design.role} table "
+            f"{design.table} to {assignments}: {str(exc).splitlines()[0]}. Change the spec back, "
+            f"or rebuild the silver tables with `conflux reset FLOW --stage silver`."
+        ) from exc
+
+
+def require_own_silver_query(spec: FlowSpec, action: str) -> None:
+    """A silver stage can only start over from bronze with a checkpoint of its own.
+
+    Raises:
+        ConfigError: the flow has no silver stage, or it runs inside bronze's batches.
+    """
+    where = f"{spec.spec_file}: flow {spec.name}"
+    if spec.silver is None:
+        raise ConfigError(f"{where} has no silver stage to {action}")
+    if spec.silver.chaining != "stream":
+        raise ConfigError(
+            f"{where}: silver.chaining: a silver stage written inside bronze's batches has no "
+            f"checkpoint of its own to start over from: set chaining: stream to {action} it, or "
+            f"reset the whole flow with `conflux reset {spec.name}`"
+        )
 
 
 def reset_silver(spec: FlowSpec, settings: Settings) -> list[tuple[str, str]]:
@@ -222,15 +286,7 @@ def reset_silver(spec: FlowSpec, settings: Settings) -> list[tuple[str, str]]:
         LeaseHeldError: the flow is running; the reset holds the flow's lease while it moves.
         ConfigError: the flow has no silver stage, or it runs inside bronze's batches.
     """
-    where = f"{spec.spec_file}: flow {spec.name}"
-    if spec.silver is None:
-        raise ConfigError(f"{where} has no silver stage to reset")
-    if spec.silver.chaining != "stream":
-        raise ConfigError(
-            f"{where}: silver.chaining: a silver stage written inside bronze's batches has no "
-            "checkpoint of its own to start over from: set chaining: stream to rebuild it from "
-            "bronze, or reset the whole flow with `conflux reset " + spec.name + "`"
-        )
+    require_own_silver_query(spec, "reset")
     locations = FlowLocations.of(spec, settings)
     lease = FlowLease(spec.name, locations.lease_store(), new_owner_id("reset"), owner_details())
     lease.acquire()
@@ -244,7 +300,7 @@ def reset_silver(spec: FlowSpec, settings: Settings) -> list[tuple[str, str]]:
             shutil.move(str(checkpoint), str(target))
             moved.append((str(checkpoint), str(target)))
         tables = table_paths(spec, settings)
-        paths = [path for role, path in tables.items() if role != "bronze"]
+        paths = [path for role, path in tables.items() if role != "bronze"]  # history too
         if "current" in tables:
             paths.append(deleted_keys_path(tables["current"]))
         for path in paths:

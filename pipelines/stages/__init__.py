@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.delta_writes import TableWrite
 from pipelines.progress import BatchCommit
 
 
@@ -44,4 +45,8 @@ class Stage(Protocol):
 
     def write_batch(self, batch: DataFrame, batch_id: int) -> BatchCommit:
         """Write one micro-batch of the stage's input, idempotently under ``batch_id``."""
+        ...
+
+    def finish(self, spark: SparkSession) -> list[TableWrite]:
+        """After the run's queries ended cleanly (e.g. swap in a full refresh's tables)."""
         ...

@@ -28,7 +28,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.delta_writes import append_idempotently, table_properties
+from pipelines.delta_writes import TableWrite, append_idempotently, table_properties
 from pipelines.identity import FlowIdentity, resolve_identity, write_identity
 from pipelines.lease import LeaseGuard
 from pipelines.locations import FlowLocations
@@ -106,6 +106,10 @@ class BronzeStage:
         for key, value in properties.items():
             builder = builder.property(key, value)
         builder.execute()
+
+    def finish(self, spark: SparkSession) -> list[TableWrite]:
+        """Nothing to do after a run: bronze writes only in its batches."""
+        return []
 
     def rows(self, batch: DataFrame) -> DataFrame:
         """The rows bronze writes for a micro-batch of the source (what later stages read)."""

@@ -10,7 +10,12 @@ table (``conflux-<flow id>-g<generation>-<table>``; see :mod:`pipelines.delta_wr
 2. the records that did not to the **quarantine table**, with their bytes and reasons;
 3. when the spec declares ``current``, the batch reduced to one row per key, MERGEd into the
    **current-state table**, and its deletes into the deleted-keys side table
-   (:mod:`pipelines.silver.current`).
+   (:mod:`pipelines.silver.current`);
+4. when the spec declares ``history``, the versions of the batch's keys, recomputed from the
+   events table, MERGEd into the **history table** (:mod:`pipelines.silver.history`).
+
+A spec's ``transform`` (:mod:`pipelines.silver.transform`) rewrites the parsed events before any
+of these writes; the tables are designed from its output schema.
 
 Empty writes are skipped (one aggregation over the persisted batch counts the three kinds of rows
 first). The stage runs either as its own query reading the bronze table as a Delta stream, with its
@@ -21,19 +26,20 @@ the query it runs in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from pipelines.delta_writes import (
     TableWrite,
     append_idempotently,
     committed_write,
     idempotent_session,
+    retry_on_maintenance,
 )
 from pipelines.errors import ConfigError
 from pipelines.identity import (
@@ -47,6 +53,7 @@ from pipelines.locations import FlowLocations, deleted_keys_path, table_paths
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver import current as current_state
+from pipelines.silver import history as history_state
 from pipelines.silver.parse import (
     EVENT_METADATA,
     ddl_struct,
@@ -54,13 +61,28 @@ from pipelines.silver.parse import (
     parse_batch,
     quarantine_of,
 )
+from pipelines.silver.refresh import (
+    SilverRefresh,
+    begin_refresh,
+    complete_refresh,
+    refresh_checkpoint,
+    refuse_pending,
+)
 from pipelines.silver.tables import (
     CHAINING_PROPERTY,
     FORMAT_PROPERTY,
+    HISTORY_PROPERTY,
     KEYS_PROPERTY,
     SEQUENCE_PROPERTY,
     TableDesign,
     ensure_table,
+)
+from pipelines.silver.transform import (
+    Transform,
+    apply_transform,
+    checked_row_schema,
+    load_transform,
+    materialize,
 )
 from pipelines.spec import FlowSpec, SilverSpec
 
@@ -96,7 +118,10 @@ class SilverStage:
         settings: Settings,
         guard: LeaseGuard | None,
         on_commit: Callable[[BatchCommit], None],
+        full_refresh: bool = False,
     ) -> None:
+        """``full_refresh``: this run rebuilds the silver tables beside the live ones
+        (:mod:`pipelines.silver.refresh`); without it, a pending refresh is refused."""
         assert spec.silver is not None
         self.spec = spec
         self.silver: SilverSpec = spec.silver
@@ -106,41 +131,69 @@ class SilverStage:
         self.on_commit = on_commit
         self.query_name = f"{spec.name}.{STAGE}"
         self.own_query = self.silver.chaining == "stream"
+        if full_refresh:
+            self.refresh: SilverRefresh | None = begin_refresh(spec, settings)
+        else:
+            refuse_pending(spec, settings)
+            self.refresh = None
         self.checkpoint: Path = (
             self.locations.stage_checkpoint(STAGE) if self.own_query else self.locations.checkpoint
         )
-        paths = table_paths(spec, settings)
-        self.events_path = str(paths["events"])
-        self.quarantine_path = str(paths["quarantine"])
+        if self.refresh is not None:
+            self.checkpoint = refresh_checkpoint(self.locations)
+        paths = {
+            role: self._located(str(path))
+            for role, path in table_paths(spec, settings).items()
+            if role != "bronze"
+        }
+        self.events_path = paths["events"]
+        self.quarantine_path = paths["quarantine"]
         current = self.silver.current
-        self.current_path = str(paths["current"]) if current else None
-        self.deleted_path = str(deleted_keys_path(paths["current"])) if current else None
+        self.current_path = paths["current"] if current else None
+        self.deleted_path = (
+            self._located(str(deleted_keys_path(table_paths(spec, settings)["current"])))
+            if current
+            else None
+        )
         self.tables = {
             "events": (self.silver.events.table, self.events_path),
             "quarantine": (self.silver.quarantine.table, self.quarantine_path),
         }
         if current is not None and self.current_path is not None:
             self.tables["current"] = (current.table, self.current_path)
-        self.main_table = self.current_path or self.events_path
+        history = self.silver.history
+        self.history_path = paths["history"] if history else None
+        if history is not None and self.history_path is not None:
+            self.tables["history"] = (history.table, self.history_path)
+        self.main_table = self.current_path or self.history_path or self.events_path
         self.identity: FlowIdentity | None = None
+        self.transform: Transform | None = None
+        #: The parsed (and transformed) row's columns, without the metadata: set by designs().
+        self.row_columns: tuple[str, ...] = self.silver.columns()
+
+    def _located(self, live_path: str) -> str:
+        """Where this run writes the table at ``live_path``: beside it during a full refresh."""
+        return SilverRefresh.beside(live_path) if self.refresh is not None else live_path
 
     def app_id(self, table: str) -> str:
         assert self.identity is not None, "prepare() runs before any batch"
-        return f"{self.identity.txn_app_id}-{table}"
+        generation = self.refresh.generation if self.refresh is not None else None
+        return self.identity.silver_app_id(table, generation)
+
+    def finish(self, spark: SparkSession) -> list[TableWrite]:
+        """After a clean end of the run: swap a full refresh's rebuilt tables in."""
+        if self.refresh is None:
+            return []
+        return complete_refresh(spark, self.spec, self.settings)
 
     # -- start -------------------------------------------------------------------------------
 
     def designs(self, spark: SparkSession) -> list[TableDesign]:
-        """What each silver table must look like, from the spec and the parser's output schema."""
+        """What each silver table must look like, from the spec and the parser's (and the
+        transform's) output schema."""
         silver = self.silver
-        row = ddl_struct(silver.schema_ddl)
-        sequence_type = self._sequence_type(spark, row)
-        metadata = ddl_struct(
-            ", ".join(
-                f"{name} {_EVENT_METADATA_TYPES.get(name, sequence_type)}"
-                for name in EVENT_METADATA
-            )
-        )
+        row, metadata, sequence_type = self._analyse(spark)
+        self.row_columns = tuple(row.fieldNames())
         # Chaining decides whose batch ids the writes carry: switching would skip or redo batches.
         spec_properties = {FORMAT_PROPERTY: silver.format, CHAINING_PROPERTY: silver.chaining}
         designs = [
@@ -151,6 +204,8 @@ class SilverStage:
                 schema=StructType([*row.fields, *metadata.fields]),
                 partition_by=("_event_date",),
                 spec_properties=spec_properties,
+                delta_properties=silver.events.delta_properties(),
+                stated_properties=silver.events.stated_properties(),
                 spec_field="silver.events",
             ),
             TableDesign(
@@ -158,6 +213,8 @@ class SilverStage:
                 table=silver.quarantine.table,
                 path=self.quarantine_path,
                 schema=ddl_struct(QUARANTINE_DDL),
+                delta_properties=silver.quarantine.delta_properties(),
+                stated_properties=silver.quarantine.stated_properties(),
                 spec_field="silver.quarantine",
             ),
         ]
@@ -170,7 +227,7 @@ class SilverStage:
                 SEQUENCE_PROPERTY: silver.sequence_expression,
             }
             keys = [row[k] for k in current.keys]
-            values = [row[c] for c in current_state.value_columns(silver)]
+            values = [row[c] for c in current_state.value_columns(silver, self.row_columns)]
             designs += [
                 TableDesign(
                     role="current",
@@ -187,8 +244,12 @@ class SilverStage:
                         ]
                     ),
                     partition_by=current.partition_by,
+                    cluster_by=current.cluster_by,
                     spec_properties=keyed,
-                    delta_properties={"delta.enableChangeDataFeed": "true"},
+                    delta_properties=current.delta_properties(
+                        change_data_feed=True, deletion_vectors=True
+                    ),
+                    stated_properties=current.stated_properties(),
                     spec_field="silver.current",
                 ),
                 TableDesign(
@@ -202,13 +263,55 @@ class SilverStage:
                         ]
                     ),
                     spec_properties=keyed,
+                    delta_properties={
+                        "delta.enableDeletionVectors": current.delta_properties(
+                            deletion_vectors=True
+                        )["delta.enableDeletionVectors"]
+                    },
                     spec_field="silver.current",
                 ),
             ]
+        if silver.history is not None:
+            designs.append(self._history_design(row, sequence_type, spec_properties))
         return designs
 
-    def _sequence_type(self, spark: SparkSession, row: StructType) -> str:
-        """The type of the sequence expression, found by analysing it on an empty parsed frame."""
+    def _history_design(
+        self, row: StructType, sequence_type: str, spec_properties: Mapping[str, str]
+    ) -> TableDesign:
+        history = self.silver.history
+        assert history is not None and self.history_path is not None
+        plan = history_state.HistoryPlan.of(self.silver, self.row_columns)
+        return TableDesign(
+            role="history",
+            table=history.table,
+            path=self.history_path,
+            schema=StructType(
+                [
+                    *(row[c] for c in (*plan.keys, *plan.values)),
+                    *ddl_struct(
+                        f"_valid_from {sequence_type}, _valid_to {sequence_type}, "
+                        "_valid_from_time TIMESTAMP, _valid_to_time TIMESTAMP, "
+                        "_is_current BOOLEAN, _updated_at TIMESTAMP"
+                    ).fields,
+                ]
+            ),
+            cluster_by=history.cluster_by,
+            spec_properties={
+                **spec_properties,
+                KEYS_PROPERTY: ",".join(plan.keys),
+                SEQUENCE_PROPERTY: self.silver.sequence_expression,
+                HISTORY_PROPERTY: ",".join(plan.tracked)
+                + (";ignoreNullUpdates" if plan.ignore_null_updates else ""),
+            },
+            delta_properties=history.delta_properties(change_data_feed=True, deletion_vectors=True),
+            stated_properties=history.stated_properties(),
+            spec_field="silver.history",
+        )
+
+    def _analyse(self, spark: SparkSession) -> tuple[StructType, StructType, str]:
+        """(row columns, metadata columns, sequence type) of the events a batch writes: the
+        parser's output on an empty batch, through the transform when the spec has one."""
+        silver = self.silver
         empty = spark.createDataFrame(
             [],
             ddl_struct(
@@ -217,14 +320,52 @@ class SilverStage:
             ),
         )
         try:
-            parsed = parse_batch(empty, self.silver, 0)
-            return parsed.schema["_sequence"].dataType.simpleString()
+            events = events_of(parse_batch(empty, silver, 0), silver)
         except Exception as exc:  # an AnalysisException names the unknown column or bad syntax
             raise ConfigError(
                 f"{self.spec.spec_file}: silver: the spec's expressions do not analyse against "
-                f"the parsed row ({', '.join(row.fieldNames())} and {', '.join(EVENT_METADATA)}): "
+                f"the parsed row ({', '.join(silver.columns())} and {', '.join(EVENT_METADATA)}): "
                 f"{str(exc).splitlines()[0]}"
             ) from exc
+        sequence_type = events.schema["_sequence"].dataType.simpleString()
+        metadata = ddl_struct(
+            ", ".join(
+                f"{name} {_EVENT_METADATA_TYPES.get(name, sequence_type)}"
+                for name in EVENT_METADATA
+            )
+        )
+        if silver.transform is None:
+            return ddl_struct(silver.schema_ddl), metadata, sequence_type
+        self.transform = load_transform(silver.transform, self.spec.spec_file, spark)
+        output = apply_transform(
+            self.transform, silver.transform, events, self.spec.name, "check at start"
+        )
+        row = checked_row_schema(
+            output.schema,
+            events.schema,
+            EVENT_METADATA,
+            self._required_columns(),
+            f"{self.spec.spec_file}: silver.transform {silver.transform}",
+        )
+        # Table columns stay nullable whatever the transform's plan says (no NOT NULL constraints).
+        return (
+            StructType([StructField(f.name, f.dataType) for f in row.fields]),
+            metadata,
+            sequence_type,
+        )
+
+    def _required_columns(self) -> list[tuple[str, str]]:
+        """(column, spec field) of every column a table of the spec names."""
+        silver, required = self.silver, []
+        if silver.current is not None:
+            for field in ("keys", "columns", "partition_by"):
+                required += [(c, f"silver.current.{field}") for c in getattr(silver.current, field)]
+        if silver.history is not None:
+            required += [(c, "silver.history.keys") for c in silver.history_keys]
+            required += [(c, "silver.history.track_history") for c in silver.history.track_history]
+        if silver.event_time is not None:
+            required.append((silver.event_time, "silver.event_time"))
+        return required
 
     def prepare(self, spark: SparkSession) -> None:
         """Check the silver tables against the spec and the checkpoint; create what is missing.
@@ -257,6 +398,7 @@ class SilverStage:
             self.guard.check()  # LeaseLostError fails the query before anything is written
         silver = self.silver
         parsed = parse_batch(bronze_rows, silver, batch_id).persist()
+        transformed: DataFrame | None = None
         try:
             counts = parsed.agg(
                 F.count_if(F.size("_reasons") == 0).alias("events"),
@@ -264,11 +406,29 @@ class SilverStage:
                 F.count_if((F.size("_reasons") == 0) & (F.col("_op") == "d")).alias("deletes"),
             ).first()
             assert counts is not None
+            events, event_count = events_of(parsed, silver), int(counts["events"])
+            has_deletes = counts["deletes"] > 0
+            if self.transform is not None and silver.transform is not None and event_count:
+                transformed, event_count = materialize(
+                    apply_transform(
+                        self.transform,
+                        silver.transform,
+                        events,
+                        self.spec.name,
+                        batch_id,
+                        columns=(*self.row_columns, *EVENT_METADATA),
+                    ),
+                    silver.transform,
+                    self.spec.name,
+                    batch_id,
+                )
+                events = transformed
+                has_deletes = True  # the transform may have made deletes: let the MERGE see
             writes: list[TableWrite] = []
-            if counts["events"]:
+            if event_count:
                 writes.append(
                     append_idempotently(
-                        events_of(parsed, silver),
+                        events,
                         silver.events.table,
                         "events",
                         self.events_path,
@@ -288,15 +448,20 @@ class SilverStage:
                         batch_id,
                     )
                 )
-            if silver.current is not None and counts["events"]:
-                writes += self._merge(events_of(parsed, silver), batch_id, counts["deletes"] > 0)
+            if silver.current is not None and event_count:
+                writes += self._merge(events, batch_id, has_deletes)
+            if silver.history is not None and event_count:
+                writes += self._merge_history(events, batch_id)
         finally:
             parsed.unpersist()
+            if transformed is not None:
+                transformed.unpersist()
         commit = BatchCommit(
             flow=self.spec.name,
             batch_id=batch_id,
             table_version=next(
-                (w.version for w in reversed(writes) if w.role != "deleted_keys"), None
+                (w.version for w in reversed(writes) if w.role not in ("deleted_keys", "history")),
+                None,
             ),
             rows_added=sum(w.rows for w in writes if w.role == "events"),
             replayed=bool(writes) and all(w.skipped for w in writes),
@@ -317,7 +482,7 @@ class SilverStage:
         if silver.current.ignore_null_updates:
             stored = spark.read.format("delta").load(self.current_path)
             events = current_state.drop_stale(events, stored, deleted_keys, silver)
-        reduced = current_state.reduce_batch(events, silver).persist()
+        reduced = current_state.reduce_batch(events, silver, self.row_columns).persist()
         try:
             source = current_state.drop_deleted(reduced, deleted_keys, silver)
             writes = [
@@ -327,7 +492,9 @@ class SilverStage:
                     "current",
                     self.current_path,
                     batch_id,
-                    lambda target: current_state.merge_current(target, source, silver),
+                    lambda target: current_state.merge_current(
+                        target, source, silver, self.row_columns
+                    ),
                 )
             ]
             if has_deletes:
@@ -346,6 +513,37 @@ class SilverStage:
         finally:
             reduced.unpersist()
 
+    def _merge_history(self, events: DataFrame, batch_id: int) -> list[TableWrite]:
+        """Recompute the versions of the batch's keys from the events table; MERGE what changed.
+
+        Nothing changed (e.g. the replay of a batch whose MERGE committed) writes nothing.
+        """
+        history = self.silver.history
+        assert history is not None and self.history_path is not None
+        plan = history_state.HistoryPlan.of(self.silver, self.row_columns)
+        spark = events.sparkSession
+        changes = history_state.history_changes(
+            events,
+            spark.read.format("delta").load(self.events_path),
+            spark.read.format("delta").load(self.history_path),
+            plan,
+        ).persist()
+        try:
+            if changes.count() == 0:  # fills the cache: the MERGE reads its source twice
+                return []
+            return [
+                self._merge_into(
+                    spark,
+                    history.table,
+                    "history",
+                    self.history_path,
+                    batch_id,
+                    lambda target: history_state.merge_history(target, changes, plan),
+                )
+            ]
+        finally:
+            changes.unpersist()
+
     def _merge_into(
         self,
         spark: SparkSession,
@@ -358,5 +556,5 @@ class SilverStage:
         app_id = self.app_id(table)
         before = delta_version(spark, path)
         with idempotent_session(spark, app_id, batch_id):
-            merge(DeltaTable.forPath(spark, path))
+            retry_on_maintenance(lambda: merge(DeltaTable.forPath(spark, path)), table, batch_id)
         return committed_write(spark, table, role, path, before, app_id, batch_id)

@@ -238,6 +238,45 @@ def expected_current_state(events: Iterable[ChangeEvent]) -> dict[int, Row]:
     }
 
 
+def expected_history(
+    events: Iterable[ChangeEvent], tracked: Sequence[str] = ("name", "email", "tier")
+) -> dict[int, list[Row]]:
+    """The history (SCD type 2) table ``events`` must give, whatever order they arrived in.
+
+    Per key, its distinct change events in lsn order (a delete after an upsert of the same lsn):
+    an upsert whose ``tracked`` columns differ from the open version's (or that follows a delete)
+    closes the open version at its lsn and opens a new one; any other upsert updates the open
+    version's values in place; a delete closes the open version. Each version is its row with
+    ``_valid_from`` and ``_valid_to`` (None while open), ordered by ``_valid_from``.
+    """
+    changes: dict[int, dict[tuple[int, bool], ChangeEvent]] = {}
+    for event in events:
+        if not event.tombstone:
+            changes.setdefault(event.id, {})[(event.lsn, event.op == "d")] = event
+    history: dict[int, list[Row]] = {}
+    for key, by_order in sorted(changes.items()):
+        versions: list[Row] = []
+        open_version: Row | None = None
+        for (lsn, is_delete), event in sorted(by_order.items()):
+            if is_delete or event.after is None:
+                if open_version is not None:
+                    versions.append({**open_version, "_valid_to": lsn})
+                    open_version = None
+                continue
+            state = [event.after[c] for c in tracked]
+            if open_version is not None and state == [open_version[c] for c in tracked]:
+                open_version.update(event.after)
+                continue
+            if open_version is not None:
+                versions.append({**open_version, "_valid_to": lsn})
+            open_version = {**event.after, "_valid_from": lsn, "_valid_to": None}
+        if open_version is not None:
+            versions.append(open_version)
+        if versions:
+            history[key] = versions
+    return history
+
+
 def apply_in_arrival_order(events: Iterable[ChangeEvent]) -> dict[int, Row]:
     """What a naive consumer gets by applying every event as it arrives (last one wins).
 

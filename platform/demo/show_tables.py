@@ -40,6 +40,8 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
         rows = table.count()
         print(f"== silver current-state table {current.table} at {path}: {rows} rows (live keys)")
         table.orderBy(*current.keys).show(max(rows, 1), truncate=40)
+    if silver.history is not None:
+        show_history(spark, spec, settings)
     path = str(silver_table_path(settings, silver.quarantine.table, silver.quarantine.path))
     if DeltaTable.isDeltaTable(spark, path):
         quarantine = spark.read.format("delta").load(path)
@@ -47,6 +49,26 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
         quarantine.select(
             "partition", "offset", F.concat_ws("; ", "reasons").alias("reasons")
         ).orderBy("partition", "offset").show(20, truncate=False)
+
+
+def show_history(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
+    """The history table's size, and every version of the key with the most of them."""
+    assert spec.silver is not None and spec.silver.history is not None
+    history, keys = spec.silver.history, list(spec.silver.history_keys)
+    path = str(silver_table_path(settings, history.table, history.path))
+    table = spark.read.format("delta").load(path)
+    counts = table.groupBy(*keys).count().orderBy(F.desc("count"), *keys).first()
+    print(
+        f"== silver history table {history.table} at {path}: {table.count()} versions of "
+        f"{table.select(*keys).distinct().count()} keys; open versions: "
+        f"{table.where('_is_current').count()}"
+    )
+    if counts is None:
+        return
+    key = {k: counts[k] for k in keys}
+    print(f"every version of {key} (valid from/to: sequence, here Debezium's lsn):")
+    one_key = table.where(F.expr(" AND ".join(f"{k} = {v!r}" for k, v in key.items())))
+    one_key.orderBy("_valid_from").drop("_updated_at").show(truncate=28)
 
 
 def main() -> int:

@@ -22,8 +22,9 @@ writing the events table, the quarantine and the current-state table (keyed by `
    were skipped.
 
 Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 10,000) for the first test,
-``SILVER_KILL_KEYS`` (2,000: fewer leave run-2 no fresh batch to kill in) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small batches) for
-the second; ``CDC_SEED`` fixes the stream, ``KILL_SEED`` replays a kill schedule.
+``SILVER_KILL_KEYS`` (2,000, produced in three tranches, one before each killed run, so every
+run has fresh batches to kill in) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small
+batches) for the second; ``CDC_SEED`` fixes the stream, ``KILL_SEED`` replays a kill schedule.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from tests.support.cdc import (
     delivered_changes,
     delivery_order,
     expected_current_state,
+    expected_history,
     generate_events,
     mix_in,
     produce_cdc,
@@ -73,6 +75,7 @@ from tests.support.chaos import (
     kill_mid_batch,
     seed_from_env,
 )
+from tests.support.delta_read import read_rows
 from tests.support.runtime import KafkaBroker
 
 CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "10000"))
@@ -83,6 +86,8 @@ PARTITIONS = 3
 #: Pauses allowed to aim for a window before the test gives up (each pause costs one batch).
 TRIES = 6
 STAGE = "silver"
+#: The history table's tracked columns: an update of ``name`` alone opens no version.
+TRACKED = ("email", "tier")
 
 
 # --- the flow and its stream ------------------------------------------------------------------
@@ -127,6 +132,8 @@ def silver_flow(name: str, topic: str, trigger: dict[str, str], **source: object
             "events": {"table": f"{name}_events"},
             "quarantine": {"table": f"{name}_quarantine"},
             "current": {"table": f"{name}_customers", "keys": ["id"], "sequence_by": "_source_lsn"},
+            # name changes alone update a version in place
+            "history": {"table": f"{name}_history", "track_history": list(TRACKED)},
         },
     }
 
@@ -138,19 +145,23 @@ class SilverPaths:
     events: Path
     quarantine: Path
     current: Path
+    history: Path
     checkpoint: Path
     current_table: str
+    history_table: str
 
     @classmethod
     def of(cls, spec: FlowSpec, settings: Settings) -> SilverPaths:
         silver = spec.silver
-        assert silver is not None and silver.current is not None
+        assert silver is not None and silver.current is not None and silver.history is not None
         return cls(
             events=silver_table_path(settings, silver.events.table, silver.events.path),
             quarantine=silver_table_path(settings, silver.quarantine.table, silver.quarantine.path),
             current=silver_table_path(settings, silver.current.table, silver.current.path),
+            history=silver_table_path(settings, silver.history.table, silver.history.path),
             checkpoint=FlowLocations.of(spec, settings).stage_checkpoint(STAGE),
             current_table=silver.current.table,
+            history_table=silver.history.table,
         )
 
     @property
@@ -164,10 +175,14 @@ class SilverPaths:
     def events_files(self) -> FlowFiles:
         return FlowFiles(self.events, self.checkpoint)
 
+    def history_files(self) -> FlowFiles:
+        """The history table's Delta log: its MERGE is a batch's last write."""
+        return FlowFiles(self.history, self.checkpoint)
+
 
 def rows(path: Path, columns: list[str]) -> list[dict[str, Any]]:
-    """The table's rows as read by delta-rs."""
-    return DeltaTable(str(path)).to_pyarrow_table(columns=columns).to_pylist()
+    """The table's rows as read by delta-rs (its QueryBuilder: deletion vectors)."""
+    return read_rows(path, columns)
 
 
 # --- what the tables must hold ----------------------------------------------------------------
@@ -203,6 +218,43 @@ def check_current_state(paths: SilverPaths, stream: CdcStream) -> None:
     assert deleted_at_end <= remembered, sorted(deleted_at_end - remembered)[:10]
 
 
+def check_history(paths: SilverPaths, stream: CdcStream) -> None:
+    """Per key, the history table's versions, in order, are the model's; one open version per
+    live key, none for a deleted one."""
+    expected = {
+        key: [{**typed_row({c: v[c] for c in COLUMNS}), **_interval(v)} for v in versions]
+        for key, versions in expected_history(stream.delivered, TRACKED).items()
+    }
+    assert expected == {
+        key: [{**typed_row({c: v[c] for c in COLUMNS}), **_interval(v)} for v in versions]
+        for key, versions in expected_history(stream.events, TRACKED).items()
+    }
+    got: dict[int, list[dict[str, Any]]] = {}
+    table = rows(paths.history, [*COLUMNS, "_valid_from", "_valid_to", "_is_current"])
+    for row in sorted(table, key=lambda r: (r["id"], r["_valid_from"])):
+        got.setdefault(row["id"], []).append(row)
+    wrong = sorted(k for k in set(expected) | set(got) if got.get(k) != expected.get(k))
+    assert not wrong, f"{len(wrong)} keys' histories differ from the model, e.g. " + "; ".join(
+        f"{k}: got {got.get(k)} expected {expected.get(k)}" for k in wrong[:2]
+    )
+    in_place = sum(len(v) for v in expected.values())
+    assert in_place < sum(1 for e in stream.events if e.op in ("c", "r", "u")), (
+        "some updates changed only untracked columns and opened no version"
+    )
+    live = set(expected_current_state(stream.events))
+    open_versions = Counter(r["id"] for r in table if r["_is_current"])
+    assert set(open_versions) == live and set(open_versions.values()) == {1}
+    assert all(r["_is_current"] == (r["_valid_to"] is None) for r in table)
+
+
+def _interval(version: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "_valid_from": version["_valid_from"],
+        "_valid_to": version["_valid_to"],
+        "_is_current": version["_valid_to"] is None,
+    }
+
+
 def check_events(paths: SilverPaths, stream: CdcStream) -> None:
     """Every delivered change event once (a duplicate delivery is a second event), no tombstone."""
     table = rows(paths.events, ["id", "_op", "_sequence", "_source_lsn", "_event_date"])
@@ -228,17 +280,21 @@ def check_quarantine(paths: SilverPaths, stream: CdcStream) -> None:
         assert any(bad.reason in reason for reason in reasons), (bad.name, bad.reason, reasons)
 
 
-def check_single_merge_per_txn(paths: SilverPaths) -> dict[tuple[str, int], list[int]]:
-    """Every txn (appId, version) of the current table in exactly one commit, and that a MERGE."""
-    files = paths.merge_files()
+def check_single_merge_per_txn(
+    paths: SilverPaths, history: bool = False
+) -> dict[tuple[str, int], list[int]]:
+    """Every txn (appId, version) of the current (or history) table in exactly one commit, and
+    that a MERGE."""
+    files = paths.history_files() if history else paths.merge_files()
+    table_name = paths.history_table if history else paths.current_table
     txn_commits = files.txn_commits()
-    assert txn_commits, "the current table has no commit with a transaction id"
+    assert txn_commits, f"{table_name} has no commit with a transaction id"
     twice = {key: versions for key, versions in txn_commits.items() if len(versions) != 1}
     assert not twice, f"transaction versions committed more than once: {twice}"
     apps = {app for app, _version in txn_commits}
     assert len(apps) == 1, sorted(apps)
     (app,) = apps
-    assert app.startswith("conflux-") and paths.current_table in app, app
+    assert app.startswith("conflux-") and app.endswith(table_name), app
     for (_app, _batch), (version,) in txn_commits.items():
         assert commit_operation(files, version) == "MERGE", version
     committed = set(files.committed_batches())
@@ -260,10 +316,10 @@ def commit_operation(files: FlowFiles, version: int) -> str | None:
 def kill_after_merge_commit(
     group: ProcessGroup, files: FlowFiles, aim: Aim, tries: int = TRIES, timeout: float = 600.0
 ) -> Landing:
-    """SIGKILL after a silver batch's MERGE into the current table committed, before the batch's
+    """SIGKILL after a silver batch's MERGE into the aimed table committed, before the batch's
     entry in the silver commit log.
 
-    Like :func:`tests.support.chaos.kill_after_delta_commit`, on the current table's Delta log and
+    Like :func:`tests.support.chaos.kill_after_delta_commit`, on that table's Delta log and
     the silver checkpoint: the moment a new table version appears the group is paused; if that
     version is a MERGE whose ``txn`` names batch ``B`` and ``commits/B`` is absent, the pause
     landed in the window: kill. Else resume and wait for the next version, at most ``tries`` times.
@@ -322,19 +378,19 @@ def wait_silver_batch(
 def check_silver_restart(
     landing: Landing, paths: SilverPaths, group: ProcessGroup, out: RunOutput
 ) -> None:
-    """What the run after ``landing`` must show for the killed silver batch."""
-    files, batch = paths.merge_files(), landing.batch_id
+    """What the run after ``landing`` (aimed at the history table's MERGE) must show for the
+    killed silver batch."""
+    files, batch = paths.history_files(), landing.batch_id
     progress = wait_silver_batch(group, out, batch)
     writes = {w["role"]: w for w in progress["writes"]}
     if landing.kind == AFTER_DELTA_COMMIT:
-        # Replayed: the events and the quarantine were written before the MERGE, so Delta skips
-        # them too; the deleted-keys MERGE comes after it and may have been cut off by the kill.
-        assert writes["current"]["skipped"] is True, progress
-        assert writes["current"]["rows"] == 0, progress
-        for role in ("events", "quarantine"):
+        # Replayed: every write came before the history MERGE, so Delta skips them; the history
+        # recomputed from the events equals what the MERGE committed: nothing to write.
+        for role in ("events", "quarantine", "current", "deleted_keys", "history"):
             assert writes.get(role, {"skipped": True})["skipped"] is True, progress
-    elif landing.kind == MID_BATCH and "current" in writes:
-        assert writes["current"]["skipped"] is False, progress
+        assert "history" not in writes, progress
+    elif landing.kind == MID_BATCH and "history" in writes:
+        assert writes["history"]["skipped"] is False, progress
     else:
         return
     assert len(files.delta_commits_of_batch(batch)) <= 1, (landing, files.txn_commits())
@@ -375,9 +431,11 @@ class TestSilverCurrentState:
         paths = SilverPaths.of(spec, spark_settings)
         # One available_now run carries silver to the end of what bronze ingested in that run.
         check_current_state(paths, stream)
+        check_history(paths, stream)
         check_events(paths, stream)
         check_quarantine(paths, stream)
         check_single_merge_per_txn(paths)
+        check_single_merge_per_txn(paths, history=True)
 
 
 class TestSilverExactlyOnce:
@@ -389,7 +447,21 @@ class TestSilverExactlyOnce:
         rng = random.Random(seed)
         stream = CdcStream.make(KILL_KEYS, CDC_SEED)
         topic = "silver_kill_customers"
-        produce_cdc(kafka_broker.bootstrap_servers, topic, stream.kafka_records(), PARTITIONS)
+        # Each killed run gets a fresh tranche of the stream, so it has silver batches of its own
+        # to kill in however far the run before it got (bronze may ingest a whole tranche before
+        # silver's first batch, and silver may then take it in one batch).
+        sent = stream.kafka_records()
+        tranches = [sent[i * len(sent) // 3 : (i + 1) * len(sent) // 3] for i in range(3)]
+
+        def produce_tranche(index: int) -> None:
+            produce_cdc(
+                kafka_broker.bootstrap_servers,
+                topic,
+                tranches[index],
+                PARTITIONS,
+                create=index == 0,
+            )
+
         spec = load_spec(
             write_spec(
                 tmp_path / "flows",
@@ -405,7 +477,7 @@ class TestSilverExactlyOnce:
             spark_settings, spark_conf={"spark.ui.enabled": "false", **spark_settings.spark_conf}
         )
         paths = SilverPaths.of(spec, settings)
-        files = paths.merge_files()
+        files = paths.history_files()  # the last MERGE of a batch: every write is before it
         launches = Launches(spec, settings, tmp_path)
         window, mid_batch = Aim(AFTER_DELTA_COMMIT), Aim(MID_BATCH)
         landings: list[Landing] = []
@@ -417,12 +489,15 @@ class TestSilverExactlyOnce:
             print(f"  runs (name, seconds): {launches.timings}  KILL_SEED={seed}")
 
         try:
+            produce_tranche(0)
             with launches.run("run-0", "continuous") as (group, out):
                 landings.append(kill_after_merge_commit(group, files, window))
+            produce_tranche(1)
             with launches.run("run-1", "continuous") as (group, out):
                 check_silver_restart(landings[-1], paths, group, out)
                 delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (MERGE batches last seconds)
                 landings.append(kill_mid_batch(group, files, mid_batch, delay, TRIES))
+            produce_tranche(2)
             with launches.run("run-2", "continuous") as (group, out):
                 check_silver_restart(landings[-1], paths, group, out)
                 landings.append(kill_after_merge_commit(group, files, window))
@@ -436,9 +511,10 @@ class TestSilverExactlyOnce:
         report()
 
         assert [k.kind for k in landings] == [AFTER_DELTA_COMMIT, MID_BATCH, AFTER_DELTA_COMMIT]
-        # The replays were skipped: no transaction of the current table in two commits, and the
-        # killed batches' MERGE once each.
-        txn_commits = check_single_merge_per_txn(paths)
+        # The replays were skipped: no transaction of the current or history table in two
+        # commits, and the killed batches' history MERGE once each.
+        check_single_merge_per_txn(paths)
+        txn_commits = check_single_merge_per_txn(paths, history=True)
         for landing in landings:
             batches = [v for (_app, b), v in txn_commits.items() if b == landing.batch_id]
             assert len(batches) <= 1, (landing, batches)
@@ -448,6 +524,7 @@ class TestSilverExactlyOnce:
         assert not {k: v for k, v in events_txns.items() if len(v) != 1}, events_txns
 
         check_current_state(paths, stream)
+        check_history(paths, stream)
         check_events(paths, stream)
         check_quarantine(paths, stream)
 

@@ -24,13 +24,17 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.errors import ConfigError
-from pipelines.locations import silver_table_path
+from pipelines.identity import read_identity
+from pipelines.lease import FlowLease, LeaseHeldError
+from pipelines.locations import FlowLocations, silver_table_path
 from pipelines.reporting import Reporter
-from pipelines.runner import EXIT_OK, StopRequest, run_flows
+from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
+from pipelines.silver.refresh import marker_file
 from pipelines.silver.tables import reset_silver
 from pipelines.spec import FlowSpec, load_spec
 from tests.integration.test_bronze_exactly_once import write_spec
+from tests.support.delta_read import read_rows
 from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
 
@@ -87,8 +91,32 @@ SEQUENCED_ROWS = [
     ("us", 2, 3, "v3", False),
     ("us", 2, 6, "gone", True),
     ("us", 2, 8, "back", False),  # a re-create newer than the delete
+    ("eu", 2, 2, "v2 late", False),  # a batch later: splits the stored version [1, 4)
     ("eu", 3, None, "no seq", False),  # null sequence: quarantined
 ]
+#: The history table (tracking ``name``): (name, valid_from, valid_to) per key, in order.
+SEQUENCED_HISTORY = {
+    ("eu", 1): [("v3", 3, 5), ("v5", 5, None)],  # the older version, arriving second, in place
+    ("us", 1): [("v2", 2, 7), ("v7", 7, 9)],  # the late v7 between v2 and the delete at 9
+    ("eu", 2): [("v1", 1, 2), ("v2 late", 2, 4), ("v4", 4, None)],  # the duplicate: no version
+    ("us", 2): [("v3", 3, 6), ("back", 8, None)],  # a delete closes, a re-create opens
+}
+TRANSFORMS = """
+from pyspark.sql import DataFrame, functions as F
+
+
+def shout(events: DataFrame) -> DataFrame:
+    return events.withColumn("name_upper", F.upper("name"))
+
+
+def lose_sequence(events: DataFrame) -> DataFrame:
+    return events.drop("_sequence")
+
+
+def boom(events: DataFrame) -> DataFrame:
+    fail = F.udf(lambda name: 1 // 0 if name == "ann" else name, "string")
+    return events.withColumn("name", fail("name"))
+"""
 SEQUENCED_EXPECTED = {("eu", 1): "v5", ("eu", 2): "v4", ("us", 2): "back"}
 
 
@@ -100,12 +128,16 @@ def keyed_flow(topic: str) -> dict[str, Any]:
         "silver": {
             "format": "json",
             "schema": "id BIGINT, name STRING, tier STRING, status STRING, note STRING",
+            "transform": "keyed_transforms:shout",
+            "events": {"table": "silver_keyed_events", "deletion_vectors": True},
             "current": {
                 "table": "keyed_current",
                 "keys": ["id"],
                 "delete_when": "status = 'deleted'",
                 "ignore_null_updates": True,
                 "except_columns": ["note"],
+                "column_mapping": "name",
+                "properties": {"delta.checkpointInterval": 5},
             },
         },
     }
@@ -132,6 +164,7 @@ def sequenced_flow(topic: str, keys: list[str]) -> dict[str, Any]:
                 "sequence_by": "seq",
                 "delete_when": "deleted",
             },
+            "history": {"table": "sequenced_history", "track_history": ["name"]},
         },
     }
 
@@ -139,13 +172,13 @@ def sequenced_flow(topic: str, keys: list[str]) -> dict[str, Any]:
 def current_rows(spec: FlowSpec, settings: Settings) -> list[dict[str, Any]]:
     assert spec.silver is not None and spec.silver.current is not None
     path = silver_table_path(settings, spec.silver.current.table)
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 def quarantine_rows(spec: FlowSpec, settings: Settings) -> list[dict[str, Any]]:
     assert spec.silver is not None
     path = silver_table_path(settings, spec.silver.quarantine.table)
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +202,7 @@ def flows(
             for r, i, s, n, d in SEQUENCED_ROWS
         ],
     )
+    (folder / "keyed_transforms.py").write_text(TRANSFORMS)
     keyed = load_spec(write_spec(folder, keyed_flow("silver_keyed")))
     sequenced = load_spec(write_spec(folder, sequenced_flow("silver_sequenced", ["region", "id"])))
     code = run_flows([keyed, sequenced], spark_settings, Reporter(), StopRequest(None), spark=spark)
@@ -184,6 +218,83 @@ def test_keyed_stream_compacts_like_a_compacted_topic(
     assert {r["id"]: {k: r[k] for k in ("name", "tier", "status")} for r in rows} == KEYED_EXPECTED
     assert all("note" not in r for r in rows)  # except_columns
     assert {r["_op"] for r in rows} == {"u"}
+    # the transform's column, completed like the others on a partial update
+    assert {r["id"]: r["name_upper"] for r in rows} == {1: "ANN", 4: "DEE AGAIN"}
+
+
+def test_table_features_from_the_spec(
+    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+) -> None:
+    del flows  # the module fixture ran the flows
+    features = {
+        "keyed_current": {
+            "delta.columnMapping.mode": "name",
+            "delta.enableDeletionVectors": "true",
+            "delta.enableChangeDataFeed": "true",
+            "delta.checkpointInterval": "5",
+        },
+        "silver_keyed_events": {"delta.enableDeletionVectors": "true"},
+        "sequenced_history": {
+            "delta.enableDeletionVectors": "true",
+            "delta.enableChangeDataFeed": "true",
+        },
+    }
+    for table, expected in features.items():
+        path = str(silver_table_path(spark_settings, table))
+        detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+        assert detail is not None
+        assert expected.items() <= dict(detail["properties"]).items(), (table, detail)
+        assert read_rows(path), table  # delta-rs reads each of them (QueryBuilder)
+
+
+def keyed_with_transform(folder: Path, name: str, transform: str) -> FlowSpec:
+    """The keyed flow under another name and tables, with ``transform``."""
+    spec = keyed_flow("silver_keyed") | {"name": f"keyed_{name}", "target": {"table": f"b_{name}"}}
+    spec["silver"] = spec["silver"] | {
+        "transform": transform,
+        "events": {"table": f"{name}_events"},
+        "quarantine": {"table": f"{name}_quarantine"},
+        "current": spec["silver"]["current"] | {"table": f"{name}_current"},
+    }
+    return load_spec(write_spec(folder, spec))
+
+
+def test_a_transform_that_drops_a_needed_column_is_refused_at_start(
+    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+) -> None:
+    _, _, folder = flows
+    lossy = keyed_with_transform(folder, "lossy", "keyed_transforms:lose_sequence")
+    with pytest.raises(ConfigError) as refused:
+        run_flows([lossy], spark_settings, Reporter(), StopRequest(None), spark=spark)
+    message = str(refused.value)
+    assert "silver.transform keyed_transforms:lose_sequence" in message
+    assert "dropped metadata column _sequence" in message
+
+
+class _Errors(Reporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[str] = []
+
+    def error(self, message: str) -> None:
+        self.errors.append(message)
+        super().error(message)
+
+
+def test_a_failing_transform_fails_the_flow_naming_function_flow_and_batch(
+    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+) -> None:
+    _, _, folder = flows
+    broken = keyed_with_transform(folder, "boom", "keyed_transforms:boom")
+    reporter = _Errors()
+    code = run_flows([broken], spark_settings, reporter, StopRequest(None), spark=spark)
+    assert code == EXIT_FAILED
+    assert any(
+        "silver.transform keyed_transforms:boom failed in flow keyed_boom, batch 0" in e
+        and "ZeroDivisionError" in e
+        for e in reporter.errors
+    ), reporter.errors
+    assert not read_rows(silver_table_path(spark_settings, "boom_events"))  # nothing written
 
 
 def test_bad_keyed_records_are_quarantined_with_their_reason(
@@ -221,6 +332,20 @@ def test_out_of_sequence_versions_never_win(
     assert sum(1 for h in history if h.get("operation") == "MERGE") >= 3
 
 
+def test_history_places_late_versions_and_fixes_their_neighbours(
+    flows: tuple[FlowSpec, FlowSpec, Path], spark_settings: Settings
+) -> None:
+    del flows
+    rows = read_rows(silver_table_path(spark_settings, "sequenced_history"))
+    got: dict[tuple[str, int], list[tuple[str, int, int | None]]] = {}
+    for r in sorted(rows, key=lambda r: (r["region"], r["id"], r["_valid_from"])):
+        got.setdefault((r["region"], r["id"]), []).append(
+            (r["name"], r["_valid_from"], r["_valid_to"])
+        )
+        assert r["_is_current"] == (r["_valid_to"] is None), r
+    assert got == SEQUENCED_HISTORY
+
+
 def test_current_tables_feed_changes_downstream(
     flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
 ) -> None:
@@ -252,3 +377,136 @@ def test_changed_keys_are_refused_then_rebuilt_from_bronze(
     # keyed by id alone, rebuilt from every bronze record: id 1's newest is the delete at 9,
     # id 2's the re-create at 8
     assert {r["id"]: r["name"] for r in rows} == {2: "back"}
+
+
+# --- full refresh -------------------------------------------------------------------------------
+
+#: (id, seq, name, tier): sent in two parts, the second while the refresh runs.
+REFRESH_PART_1 = [(1, 1, "ann", "free"), (2, 2, "bob", "free"), (1, 3, "ann", "gold")]
+REFRESH_PART_2 = [(1, 4, "anna", "gold"), (2, 5, "bob", "gold"), (3, 6, "cy", "free")]
+
+
+def refreshed_flow(topic: str, tracked: list[str]) -> dict[str, Any]:
+    return {
+        "name": "refreshed",
+        "source": {"kind": "kafka", "topics": [topic]},
+        "target": {"table": "bronze_refreshed"},
+        "silver": {
+            "format": "json",
+            "schema": "id BIGINT, seq BIGINT, name STRING, tier STRING",
+            "current": {"table": "refreshed_current", "keys": ["id"], "sequence_by": "seq"},
+            "history": {"table": "refreshed_history", "track_history": tracked},
+        },
+    }
+
+
+def _history(settings: Settings) -> dict[int, list[tuple[str, str, int, int | None]]]:
+    rows = read_rows(silver_table_path(settings, "refreshed_history"))
+    got: dict[int, list[tuple[str, str, int, int | None]]] = {}
+    for r in sorted(rows, key=lambda r: (r["id"], r["_valid_from"])):
+        got.setdefault(r["id"], []).append((r["name"], r["tier"], r["_valid_from"], r["_valid_to"]))
+    return got
+
+
+def test_full_refresh_rebuilds_silver_under_a_changed_spec_while_bronze_ingests(
+    spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    bootstrap, topic = kafka_broker.bootstrap_servers, "silver_refreshed"
+
+    def send(part: list[tuple[int, int, str, str]]) -> None:
+        produce(
+            bootstrap,
+            topic,
+            [record({"id": i}, {"id": i, "seq": s, "name": n, "tier": t}) for i, s, n, t in part],
+        )
+
+    create_topic(bootstrap, topic, partitions=1)
+    send(REFRESH_PART_1)
+    by_tier = load_spec(write_spec(tmp_path, refreshed_flow(topic, ["tier"])))
+    assert run_flows([by_tier], spark_settings, Reporter(), StopRequest(None), spark=spark) == 0
+    assert _history(spark_settings) == {  # a change of name alone updates in place
+        1: [("ann", "free", 1, 3), ("ann", "gold", 3, None)],
+        2: [("bob", "free", 2, None)],
+    }
+
+    send(REFRESH_PART_2)  # bronze ingests these during the refresh run
+    by_name = load_spec(write_spec(tmp_path, refreshed_flow(topic, ["name"])))
+    with pytest.raises(ConfigError, match="trackHistory changed from 'tier' to 'name'"):
+        run_flows([by_name], spark_settings, Reporter(), StopRequest(None), spark=spark)
+    holder = FlowLease(
+        "refreshed", FlowLocations.of(by_name, spark_settings).lease_store(), "someone-else", {}
+    )
+    holder.acquire()
+    try:
+        with pytest.raises(LeaseHeldError):
+            run_flows(
+                [by_name], spark_settings, Reporter(), StopRequest(None), spark=spark,
+                full_refresh=True,
+            )  # fmt: skip
+    finally:
+        holder.release()
+    code = run_flows(
+        [by_name], spark_settings, Reporter(), StopRequest(None), spark=spark, full_refresh=True
+    )
+    assert code == EXIT_OK
+    assert _history(spark_settings) == {
+        1: [("ann", "gold", 1, 4), ("anna", "gold", 4, None)],  # the tier change: in place
+        2: [("bob", "gold", 2, None)],
+        3: [("cy", "free", 6, None)],
+    }
+    current = {r["id"]: (r["name"], r["tier"]) for r in read_rows(
+        silver_table_path(spark_settings, "refreshed_current"))}  # fmt: skip
+    assert current == {1: ("anna", "gold"), 2: ("bob", "gold"), 3: ("cy", "free")}
+    events = read_rows(silver_table_path(spark_settings, "silver_refreshed_events"), ["seq"])
+    assert sorted(r["seq"] for r in events) == [1, 2, 3, 4, 5, 6]  # rebuilt, not appended twice
+    locations = FlowLocations.of(by_name, spark_settings)
+    identity = read_identity(locations)
+    assert identity is not None and identity.silver_generation == 1
+    assert not marker_file(locations).exists()
+    assert any(p.name.startswith("silver-") for p in locations.archive_dir.iterdir())
+    # the next plain run continues the rebuilt tables under the new app id
+    send([(3, 7, "cyd", "free")])
+    assert run_flows([by_name], spark_settings, Reporter(), StopRequest(None), spark=spark) == 0
+    assert _history(spark_settings)[3] == [("cy", "free", 6, 7), ("cyd", "free", 7, None)]
+    log = silver_table_path(spark_settings, "refreshed_history") / "_delta_log"
+    txns = [
+        json.loads(line)["txn"]
+        for f in sorted(log.glob("*.json"))
+        for line in f.read_text().splitlines()
+        if '"txn"' in line
+    ]
+    assert txns[-1]["appId"].endswith("-s1-refreshed_history"), txns
+    assert txns[-1]["version"] > txns[-2]["version"], txns
+
+
+def test_versions_break_sequence_ties_and_restart_after_a_delete(spark: SparkSession) -> None:
+    """Directly on ``versions_of``: one version per (key, sequence), a delete winning a tie; with
+    ``ignore_null_updates`` a re-create's nulls are not filled from the deleted row's image."""
+    from pipelines.silver.history import HistoryPlan, versions_of
+
+    columns = "id BIGINT, name STRING, tier STRING, _sequence BIGINT, _op STRING, "
+    columns += "_event_time TIMESTAMP, _source_partition INT, _source_offset BIGINT"
+    rows = [
+        (1, "a", "x", 1, "c", None, 0, 0),
+        (1, "b", "x", 2, "u", None, 0, 1),
+        (1, "c", "x", 2, "u", None, 1, 5),  # same sequence, a later record: it counts
+        (2, "a", "x", 1, "c", None, 0, 2),
+        (2, "a", "x", 3, "u", None, 0, 3),
+        (2, "a", "x", 3, "d", None, 0, 4),  # a delete at the same sequence wins the tie
+        (3, "a", "gold", 1, "c", None, 0, 6),
+        (3, "a", "gold", 2, "d", None, 0, 7),  # the delete carries the before image
+        (3, "b", None, 3, "c", None, 0, 8),  # re-created without a tier
+    ]
+    events = spark.createDataFrame(rows, columns)
+    plan = HistoryPlan(("id",), ("name", "tier"), ("name", "tier"), ignore_null_updates=True)
+    got = sorted(
+        (r["id"], r["name"], r["tier"], r["_valid_from"], r["_valid_to"])
+        for r in versions_of(events, plan).collect()
+    )
+    assert got == [
+        (1, "a", "x", 1, 2),
+        (1, "c", "x", 2, None),
+        (2, "a", "x", 1, 3),
+        (3, "a", "gold", 1, 2),
+        (3, "b", None, 3, None),
+    ]

@@ -44,6 +44,7 @@ Row = dict[str, Any]
 generate_events = _cdc.generate_events
 delivery_order = _cdc.delivery_order
 expected_current_state = _cdc.expected_current_state
+expected_history = _cdc.expected_history
 apply_in_arrival_order = _cdc.apply_in_arrival_order
 records = _cdc.records
 bad_records = _cdc.bad_records
@@ -71,15 +72,21 @@ def by_partition(stream: Iterable[KafkaRecord], partitions: int) -> dict[int, li
 
 
 def produce_cdc(
-    bootstrap: str, topic: str, stream: Iterable[KafkaRecord], partitions: int = 3
+    bootstrap: str,
+    topic: str,
+    stream: Iterable[KafkaRecord],
+    partitions: int = 3,
+    create: bool = True,
 ) -> dict[int, int]:
-    """Create ``topic`` with ``partitions`` partitions and produce ``stream`` to it.
+    """Create ``topic`` with ``partitions`` partitions (unless ``create`` is false: it exists) and
+    produce ``stream`` to it.
 
     Each record goes to :func:`partition_for` its key, in ``stream`` order within a partition (one
     producer per partition, each flushed before the next), so a key's records stay in one
     partition in the order given. Returns how many records each partition got.
     """
-    create_topic(bootstrap, topic, partitions=partitions)
+    if create:
+        create_topic(bootstrap, topic, partitions=partitions)
     return {
         partition: produce(bootstrap, topic, part, partition=partition)
         for partition, part in sorted(by_partition(stream, partitions).items())

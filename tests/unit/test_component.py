@@ -75,7 +75,10 @@ def test_component_from_yaml_builds_the_flows_assets(tmp_path: Path) -> None:
                 "bronze/bronze_orders",
             }
             jobs = {job.name for job in defs.jobs or []}
-            assert jobs == {"run_people", "run_orders", "ingest_incremental"}
+            assert jobs == {
+                *("run_people", "run_orders", "ingest_incremental"),
+                *("maintain_people", "maintain_orders"),
+            }
 
 
 def test_component_keeps_only_the_listed_flows_from_a_relative_folder() -> None:

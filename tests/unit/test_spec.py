@@ -258,6 +258,63 @@ CURRENT = {"table": "cur", "keys": ["id"]}
         ),
         ({"current": {**CURRENT, "path": "s3a://x"}}, r"silver.current.path: 's3a://x' is a URI"),
         ({"currnt": CURRENT}, r"silver.currnt: unknown field; allowed: format, schema, event_time"),
+        ({"history": {"table": "h"}}, r"silver.history.keys: is required without a current"),
+        (
+            {"current": CURRENT, "history": {"table": "h", "track_history": ["id"]}},
+            r"silver.history.track_history: may not name a key column \(id\)",
+        ),
+        (
+            {"history": {"table": "h", "keys": ["id"], "track_history": ["x"]}},
+            r"silver.history.track_history: 'x' is not a column of schema",
+        ),
+        (
+            {
+                "history": {
+                    "table": "h",
+                    "keys": ["id"],
+                    "track_history": ["name"],
+                    "track_history_except": ["ts"],
+                }
+            },
+            r"silver.history.track_history_except: give track_history or track_history_except",
+        ),
+        (
+            {
+                "current": {**CURRENT, "sequence_by": "ts"},
+                "history": {"table": "h", "sequence_by": "_source_lsn"},
+            },
+            r"silver.history.sequence_by: '_source_lsn' differs from current.sequence_by 'ts'",
+        ),
+        (
+            {"current": CURRENT, "history": {"table": "cur"}},
+            r"silver.history.table: 'cur' is already the current table",
+        ),
+        ({"transform": "not a ref"}, r"silver.transform: 'not a ref' is not a function reference"),
+        (
+            {"current": {**CURRENT, "properties": {"delta.enableDeletionVectors": "true"}}},
+            r"silver.current.properties: 'delta.enableDeletionVectors' has a field of its own",
+        ),
+        (
+            {"current": {**CURRENT, "properties": {"conflux.flow": "x"}}},
+            r"silver.current.properties: 'conflux.flow': conflux.\* properties",
+        ),
+        (
+            {
+                "events": {
+                    "table": "e",
+                    "properties": {"delta.logRetentionDuration": "interval 1 day"},
+                }
+            },
+            r"silver.events.properties: 'delta.logRetentionDuration' = 'interval 1 day'",
+        ),
+        (
+            {"current": {**CURRENT, "cluster_by": ["name"], "partition_by": ["ts"]}},
+            r"silver.current.cluster_by: give cluster_by or partition_by, not both",
+        ),
+        (
+            {"current": {**CURRENT, "column_mapping": "id"}},
+            r"silver.current.column_mapping: unknown column_mapping 'id'",
+        ),
     ],
 )
 def test_invalid_silver_specs_name_the_field(silver: dict[str, Any], message: str) -> None:
@@ -329,3 +386,52 @@ def test_an_event_time_that_is_not_a_time_is_refused() -> None:
     }
     with pytest.raises(SpecError, match=r"silver.event_time: 'at' is bigint; the event time must"):
         parse_spec(spec, where="flows/x.yaml")
+
+
+def test_history_takes_keys_and_sequence_from_current_and_tracks_all_by_default() -> None:
+    spec = parse_spec(
+        silver_spec(
+            current={**CURRENT, "sequence_by": "ts"},
+            history={"table": "h", "track_history_except": ["ts"]},
+        )
+    )
+    assert spec.silver is not None and spec.silver.history is not None
+    assert spec.silver.history_keys == ("id",)
+    assert spec.silver.sequence_expression == "ts"
+    assert spec.silver.history.tracked_columns(["name", "ts"]) == ("name",)
+    assert [role for role, _ in spec.tables()][-1] == "history"
+    alone = parse_spec(silver_spec(history={"table": "h", "keys": ["id"], "sequence_by": "ts"}))
+    assert alone.silver is not None and alone.silver.sequence_expression == "ts"
+
+
+def test_table_features_become_delta_properties() -> None:
+    spec = parse_spec(
+        silver_spec(
+            current={
+                **CURRENT,
+                "deletion_vectors": False,
+                "column_mapping": "name",
+                "properties": {"delta.checkpointInterval": 20},
+            }
+        )
+    )
+    assert spec.silver is not None and spec.silver.current is not None
+    assert spec.silver.current.delta_properties(change_data_feed=True, deletion_vectors=True) == {
+        "delta.enableChangeDataFeed": "true",
+        "delta.enableDeletionVectors": "false",
+        "delta.columnMapping.mode": "name",
+        "delta.checkpointInterval": "20",
+    }
+
+
+@pytest.mark.parametrize(
+    ("maintenance", "message"),
+    [
+        ({"schedule": "daily"}, r"maintenance.schedule: 'daily' is not a cron expression"),
+        ({"vacuum_retention": "2 days"}, r"maintenance.vacuum_retention: '2 days' is below"),
+        ({"optimise": True}, r"maintenance.optimise: unknown field"),
+    ],
+)
+def test_invalid_maintenance_names_the_field(maintenance: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=rf"^flows/x.yaml: {message}"):
+        parse_spec(kafka_spec(maintenance=maintenance), where="flows/x.yaml")

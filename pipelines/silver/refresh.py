@@ -1,0 +1,278 @@
+"""Full refresh: rebuild a flow's silver tables from its bronze table, then swap them in.
+
+Use it after changing what a silver table means (keys, the tracked columns of a history, the
+schema, the transform), or to repair a table. ``conflux refresh FLOW`` (or the Dagster run config
+``full_refresh: true``) runs the flow once, incrementally (``available_now``), holding its lease,
+so it is refused while another run of the flow holds the lease:
+
+1. **build**: bronze ingests as in any run; the silver stage runs under a new *silver generation*
+   ``k`` (recorded in ``<checkpoints>/<flow>/silver.refresh.json``), with a new checkpoint
+   (``silver.refresh``, reading bronze from its first version) and new transaction app ids
+   (``conflux-<flow id>-g<generation>-s<k>-<table>``), into tables written *beside* the live ones
+   (``<path>__refresh``). Readers keep reading the live tables, unchanged;
+2. **swap**, once the silver query has caught up: each live table is replaced by its rebuilt twin
+   in one Delta commit (an overwrite, with the schema and partitioning of the twin) carrying the
+   new app id and the last batch id, so a repeated swap is skipped by Delta; then the refresh
+   checkpoint becomes the silver checkpoint (the old one goes to ``_archive/``) and the flow's
+   identity records generation ``k``. Later runs continue from there.
+
+All silver tables of the flow are rebuilt together: they share one checkpoint, so a table rebuilt
+alone would stand at another bronze position than its siblings. A run that stops during the build
+leaves the marker; the next ``conflux refresh`` resumes it (a plain run refuses while it is
+pending), and a crash during the swap is finished by the next refresh, every step being
+repeatable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from pipelines.delta_writes import TableWrite, committed_write
+from pipelines.errors import ConfigError
+from pipelines.identity import read_identity, write_identity
+from pipelines.lease import FlowLease, new_owner_id, owner_details
+from pipelines.locations import (
+    FlowLocations,
+    deleted_keys_path,
+    table_paths,
+    write_json_atomically,
+)
+from pipelines.progress import delta_version
+from pipelines.settings import Settings
+from pipelines.silver.tables import require_own_silver_query, sql_properties
+from pipelines.spec import FlowSpec
+
+#: Suffix of a table rebuilt beside the live one.
+BESIDE_SUFFIX = "__refresh"
+#: Table properties the swap carries over from the rebuilt twin (Conflux's own records).
+_CARRIED_PREFIX = "conflux."
+
+
+@dataclass(frozen=True)
+class SilverRefresh:
+    """A full refresh of one flow's silver stage (see the module doc)."""
+
+    flow: str
+    generation: int
+    started_at: str
+    phase: Literal["building", "swapping"] = "building"
+
+    @staticmethod
+    def beside(path: str) -> str:
+        """Where the twin of the table at ``path`` is rebuilt."""
+        return f"{path}{BESIDE_SUFFIX}"
+
+
+def marker_file(locations: FlowLocations) -> Path:
+    return locations.flow_dir / "silver.refresh.json"
+
+
+def refresh_checkpoint(locations: FlowLocations) -> Path:
+    return locations.flow_dir / "silver.refresh"
+
+
+def pending_refresh(locations: FlowLocations) -> SilverRefresh | None:
+    """The refresh in progress, if a run started one and it has not finished."""
+    path = marker_file(locations)
+    if not path.exists():
+        return None
+    return SilverRefresh(**json.loads(path.read_text()))
+
+
+def _save(locations: FlowLocations, refresh: SilverRefresh) -> None:
+    write_json_atomically(marker_file(locations), asdict(refresh))
+
+
+def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
+    """Start (or resume) a full refresh of the flow's silver stage; the run holds the lease.
+
+    Raises:
+        ConfigError: the flow has no silver stage of its own query to rebuild.
+    """
+    require_own_silver_query(spec, "refresh")
+    locations = FlowLocations.of(spec, settings)
+    pending = pending_refresh(locations)
+    if pending is not None:
+        return pending
+    identity = read_identity(locations)
+    current = identity.silver_generation if identity is not None else 0
+    refresh = SilverRefresh(
+        flow=spec.name,
+        generation=current + 1,
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    shutil.rmtree(refresh_checkpoint(locations), ignore_errors=True)  # no half-built leftovers
+    _save(locations, refresh)
+    return refresh
+
+
+def refuse_pending(spec: FlowSpec, settings: Settings) -> None:
+    """A plain run must not write the live silver tables while a rebuild waits to be swapped in.
+
+    Raises:
+        ConfigError: naming how to finish or drop the refresh.
+    """
+    locations = FlowLocations.of(spec, settings)
+    pending = pending_refresh(locations)
+    if pending is not None:
+        raise ConfigError(
+            f"{spec.spec_file}: flow {spec.name}: a full refresh of its silver tables (generation "
+            f"{pending.generation}, started {pending.started_at}) is not finished: finish it with "
+            f"`conflux refresh {spec.name}`, or drop it with `conflux refresh {spec.name} "
+            f"--abandon`"
+        )
+
+
+def abandon_refresh(spec: FlowSpec, settings: Settings) -> list[str]:
+    """Drop a refresh still building: its checkpoint, twins and marker. Returns what was removed.
+
+    Raises:
+        LeaseHeldError: a run of the flow holds its lease.
+        ConfigError: the refresh is already swapping (finish it instead).
+    """
+    locations = FlowLocations.of(spec, settings)
+    lease = FlowLease(spec.name, locations.lease_store(), new_owner_id("refresh"), owner_details())
+    lease.acquire()  # LeaseHeldError while a run (the refresh itself) holds the flow
+    try:
+        return _abandon(spec, settings, locations)
+    finally:
+        lease.release()
+
+
+def _abandon(spec: FlowSpec, settings: Settings, locations: FlowLocations) -> list[str]:
+    pending = pending_refresh(locations)
+    if pending is None:
+        return []
+    if pending.phase == "swapping":
+        raise ConfigError(
+            f"flow {spec.name}: the refresh is swapping its tables in; finish it with "
+            f"`conflux refresh {spec.name}`"
+        )
+    twins = [SilverRefresh.beside(t.path) for t in swap_tables(spec, settings)]
+    removed = [str(refresh_checkpoint(locations)), *twins]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    marker_file(locations).unlink()
+    return [*removed, str(marker_file(locations))]
+
+
+def last_batch(checkpoint: Path) -> int | None:
+    """The last batch id in the checkpoint's commit log."""
+    commits = checkpoint / "commits"
+    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.exists() else []
+    return max(ids) if ids else None
+
+
+@dataclass(frozen=True)
+class SwapTable:
+    """One live table and its rebuilt twin."""
+
+    table: str
+    role: str
+    path: str
+    partition_by: tuple[str, ...] = ()
+
+
+def swap_tables(spec: FlowSpec, settings: Settings) -> list[SwapTable]:
+    """Every silver table of the flow (with the deleted-keys side table), live paths."""
+    assert spec.silver is not None
+    paths = table_paths(spec, settings)
+    silver = spec.silver
+    tables = [
+        SwapTable(silver.events.table, "events", str(paths["events"]), ("_event_date",)),
+        SwapTable(silver.quarantine.table, "quarantine", str(paths["quarantine"])),
+    ]
+    if silver.current is not None:
+        current = silver.current
+        tables.append(
+            SwapTable(current.table, "current", str(paths["current"]), current.partition_by)
+        )
+        tables.append(
+            SwapTable(
+                f"{current.table}__deleted_keys",
+                "deleted_keys",
+                str(deleted_keys_path(paths["current"])),
+            )
+        )
+    if silver.history is not None:
+        tables.append(SwapTable(silver.history.table, "history", str(paths["history"])))
+    return tables
+
+
+def complete_refresh(spark: SparkSession, spec: FlowSpec, settings: Settings) -> list[TableWrite]:
+    """Swap the rebuilt twins in, then make the refresh checkpoint and generation the flow's.
+
+    Repeatable: a crash anywhere in here is finished by calling it again.
+    """
+    locations = FlowLocations.of(spec, settings)
+    refresh = pending_refresh(locations)
+    identity = read_identity(locations)
+    if refresh is None or identity is None:
+        return []
+    refresh = replace(refresh, phase="swapping")
+    _save(locations, refresh)
+    building = refresh_checkpoint(locations)
+    live = locations.stage_checkpoint("silver")
+    batch = last_batch(building if building.exists() else live)
+    tables = swap_tables(spec, settings)
+    writes = [
+        _swap(spark, table, identity.silver_app_id(table.table, refresh.generation), batch)
+        for table in tables
+    ]
+    if building.exists():
+        if live.exists():
+            locations.archive_dir.mkdir(parents=True, exist_ok=True)
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            shutil.move(str(live), str(locations.archive_dir / f"silver-{stamp}"))
+        shutil.move(str(building), str(live))
+    write_identity(locations, replace(identity, silver_generation=refresh.generation))
+    for table in tables:
+        shutil.rmtree(SilverRefresh.beside(table.path), ignore_errors=True)
+    marker_file(locations).unlink(missing_ok=True)
+    return writes
+
+
+def resume_swap(spark: SparkSession, spec: FlowSpec, settings: Settings) -> list[TableWrite]:
+    """Finish a swap a crash interrupted, before any query of the flow starts."""
+    pending = pending_refresh(FlowLocations.of(spec, settings))
+    if pending is None or pending.phase != "swapping":
+        return []
+    return complete_refresh(spark, spec, settings)
+
+
+def _swap(spark: SparkSession, table: SwapTable, app_id: str, batch: int | None) -> TableWrite:
+    """Replace the live table by its twin in one commit under (app id, last batch)."""
+    twin = SilverRefresh.beside(table.path)
+    if not DeltaTable.isDeltaTable(spark, twin):  # swapped (and the twin removed) before a crash
+        return TableWrite(table.table, table.role, None, 0, skipped=True)
+    before = delta_version(spark, table.path)
+    writer = (
+        spark.read.format("delta")
+        .load(twin)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+    )
+    if batch is not None:
+        writer = writer.option("txnAppId", app_id).option("txnVersion", str(batch))
+    if table.partition_by:
+        writer = writer.partitionBy(*table.partition_by)
+    writer.save(table.path)
+    detail = DeltaTable.forPath(spark, twin).detail().first()
+    assert detail is not None
+    carried = {
+        k: v for k, v in (detail["properties"] or {}).items() if k.startswith(_CARRIED_PREFIX)
+    }
+    assignments = sql_properties(carried)
+    spark.sql(f"ALTER TABLE delta.`{table.path}` SET TBLPROPERTIES ({assignments})")
+    if batch is None:
+        return TableWrite(table.table, table.role, delta_version(spark, table.path), 0, False)
+    return committed_write(spark, table.table, table.role, table.path, before, app_id, batch)
