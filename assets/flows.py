@@ -24,12 +24,13 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.keys import bronze_key, flow_table_keys
+from assets.keys import bronze_key, events_key, flow_table_keys
 from assets.launch import run_flows
 from assets.resources import SparkSubmitResource
 from pipelines.locations import FlowLocations, table_paths
 from pipelines.settings import Settings
 from pipelines.spec import TRIGGER_MODES, FileSource, FlowSpec, KafkaSource
+from quality.checks import stream_check_specs
 
 
 class FlowRunConfig(Config):
@@ -207,12 +208,16 @@ def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
     """The multi-asset of one flow: launching it runs the flow's Spark application.
 
     Its specs are skippable (a stopped continuous run may end before a table's first write), but
-    every run runs all of them: the multi-asset cannot be subset.
+    every run runs all of them: the multi-asset cannot be subset. With silver, the stream's
+    checks (:mod:`quality.checks`) are evaluated on the events asset batch by batch.
     """
+
+    events = events_key(spec)
 
     @multi_asset(
         name=f"flow_{spec.name}",
         specs=flow_specs(spec, settings),
+        check_specs=stream_check_specs(spec, events) if events is not None else None,
         can_subset=False,
         pool=flow_pool(spec),
         description=f"Flow {spec.name} ({spec.spec_file}).",

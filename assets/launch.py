@@ -44,14 +44,21 @@ from dagster import (
     open_pipes_session,
 )
 
-from assets.keys import flow_table_keys
+from assets.keys import events_key, flow_table_keys
 from assets.resources import SparkSubmitResource
 from assets.sensors import RUN_WORKER_TAG
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
 from pipelines.settings import load_settings
+from pipelines.silver.expectations import QUALITY_COUNTS, failed_expectations
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
+from quality.checks import (
+    CheckTotals,
+    batch_evaluations,
+    failed_evaluation,
+    run_results,
+)
 
 
 class RunWorkerGoneError(Exception):
@@ -128,6 +135,9 @@ class ProgressRelay:
     latest: dict[str, Any] = field(default_factory=dict)
     latest_write: dict[str, Any] = field(default_factory=dict)
     last_event: float = field(default_factory=time.monotonic)
+    #: Silver's events table: the quality counts of the batches since the last event.
+    pending_quality: dict[str, int] = field(default_factory=dict)
+    pending_quality_batches: int = 0
 
     def add(self, message: dict[str, Any], write: dict[str, Any]) -> None:
         rows = int(write.get("rows") or 0)
@@ -143,18 +153,33 @@ class ProgressRelay:
         self.latest = message
         self.latest_write = write
 
+    def add_quality(self, quality: dict[str, Any]) -> None:
+        """Sum a silver batch's row counts and expectation failures into the next event."""
+        self.pending_quality_batches += 1
+        counts = {k: quality[k] for k in QUALITY_COUNTS}
+        for outcome in quality.get("expectations") or []:
+            counts[f"failed_{outcome['name']}"] = outcome["failed"]
+        for name, value in counts.items():
+            self.pending_quality[name] = self.pending_quality.get(name, 0) + int(value)
+
     def flush(self, final: bool = False) -> None:
         now = time.monotonic()
-        if self.pending_batches and (final or now - self.last_event >= self.interval):
+        pending = self.pending_batches or self.pending_quality_batches
+        if pending and (final or now - self.last_event >= self.interval):
             self.context.log_event(
                 AssetMaterialization(asset_key=self.asset_key, metadata=self._metadata())
             )
             self.pending_rows = self.pending_batches = self.pending_skipped = 0
+            self.pending_quality, self.pending_quality_batches = {}, 0
             self.last_event = now
 
     def _metadata(self) -> dict[str, Any]:
+        quality = {f"quality_{k}": MetadataValue.int(v) for k, v in self.pending_quality.items()}
+        if not self.pending_batches:  # a batch that quarantined every row: counts only
+            return quality
         latest = self.latest
         metadata: dict[str, Any] = {
+            **quality,
             "rows_written": MetadataValue.int(self.pending_rows),
             "batches": MetadataValue.int(self.pending_batches),
             "replayed": MetadataValue.bool(bool(self.latest_write.get("skipped"))),
@@ -200,6 +225,8 @@ class RunMonitor:
     seen: int = 0
     errors: list[str] = field(default_factory=list)
     lags: dict[str, Any] = field(default_factory=dict)
+    #: Per flow with silver: the run's totals of its stream checks (:mod:`quality.checks`).
+    checks: dict[str, CheckTotals] = field(default_factory=dict)
     last_heartbeat: float = field(default_factory=time.monotonic)
 
     def poll(self, messages: Sequence[Any], final: bool = False) -> None:
@@ -223,10 +250,30 @@ class RunMonitor:
         flow = str(message["flow"])
         if message.get("stage", "bronze") == "bronze":
             self.lags[flow] = message.get("lag")
+        quality = message.get("quality")
+        if quality and flow in self.checks:
+            totals = self.checks[flow]
+            totals.add(int(message["batch_id"]), quality)
+            for evaluation in batch_evaluations(totals.events, int(message["batch_id"]), quality):
+                self.context.log_event(evaluation)
+            relay = self.relays.get(totals.events)
+            if relay is not None:
+                relay.add_quality(quality)
         for write in batch_writes(message):
             key = self.tables[flow].key_of(write)
             if key is not None and key in self.relays:
                 self.relays[key].add(message, write)
+
+    def report_failed_expectations(self, specs: Sequence[FlowSpec]) -> None:
+        """A flow stopped by a ``fail`` expectation: that check fails (with the error)."""
+        for spec in specs:
+            totals = self.checks.get(spec.name)
+            if totals is None or spec.silver is None:
+                continue
+            for error in self.errors:
+                for expectation in spec.silver.expectations:
+                    if expectation.name in failed_expectations(error, spec.name):
+                        self.context.log_event(failed_evaluation(totals.events, expectation, error))
 
 
 def loggable(command: list[str]) -> list[str]:
@@ -297,6 +344,10 @@ def run_flows(
         for key in flow.by_role.values()
     }
     monitor = RunMonitor(context, tables, relays, spark_submit.heartbeat_seconds, live=continuous)
+    for spec in specs:
+        events = events_key(spec)
+        if events is not None:
+            monitor.checks[spec.name] = CheckTotals(events)
     worker_pid = run_worker_pid(context)
     context.instance.add_run_tags(
         context.run_id, {RUN_WORKER_TAG: f"{socket.gethostname()}:{worker_pid}"}
@@ -348,6 +399,7 @@ def run_flows(
             monitor.poll(session.get_custom_messages(), final=True)
         returncode = application.wait()
         if returncode != 0:
+            monitor.report_failed_expectations(specs)
             raise Failure(
                 description=(
                     f"flows {', '.join(tables)}: the Spark application exited with code "
@@ -355,14 +407,23 @@ def run_flows(
                 )
             )
     reported: set[AssetKey] = set()
+    quality = {totals.events: totals.metadata() for totals in monitor.checks.values()}
     for result in session.get_results(implicit_materializations=False):
         if isinstance(result, MaterializeResult) and result.asset_key is not None:
-            key = result.asset_key
-            reported.add(AssetKey.from_escaped_user_string(key) if isinstance(key, str) else key)
+            raw = result.asset_key
+            key = AssetKey.from_escaped_user_string(raw) if isinstance(raw, str) else raw
+            reported.add(key)
+            if quality.get(key):  # the events table: the run's quality counts beside the child's
+                result = MaterializeResult(
+                    asset_key=key, metadata={**(result.metadata or {}), **quality[key]}
+                )
         yield result
     for spec in specs:
+        if spec.name in monitor.checks:
+            yield from run_results(spec, monitor.checks[spec.name])
         if (trigger or spec.trigger.mode) != "available_now":
             continue  # a stopped continuous run: its tables' progress was reported as it went
         for key in tables[spec.name].by_role.values():
             if key not in reported:
-                yield MaterializeResult(asset_key=key, metadata=relays[key].run_metadata())
+                metadata = {**relays[key].run_metadata(), **quality.get(key, {})}
+                yield MaterializeResult(asset_key=key, metadata=metadata)

@@ -197,3 +197,18 @@ def run_python(script: str, args: list[str], env: dict[str, str], log: Path, tim
     with Child([PYTHON, str(BENCH_DIR / script), *args], env, log) as child:
         child.wait_ok(timeout)
         return child.output()
+
+
+def run_plan_child(
+    name: str, plan: Any, workdir: Path, jars_dir: Path, result_prefix: str
+) -> dict[str, Any]:
+    """Run ``bench/<name>.py --plan <plan as JSON>`` in a runtime folder of its own (log
+    ``<workdir>/<name>.log``) and return the JSON line it printed after ``result_prefix``."""
+    output = run_python(
+        f"{name}.py",
+        ["--plan", json.dumps(plan.__dict__)],
+        conflux_env(workdir / name, jars_dir),
+        workdir / f"{name}.log",
+        6 * 3600,
+    )
+    return last_json_line(output, result_prefix)

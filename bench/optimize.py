@@ -31,17 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import (
-    BENCH_DIR,
-    PYTHON,
-    Child,
-    Outcome,
-    Row,
-    conflux_env,
-    last_json_line,
-    median,
-    say,
-)
+from bench.harness import Outcome, Row, median, run_plan_child, say
 
 RESULT_PREFIX = "bench.optimize "
 LOOKUPS = 5
@@ -204,16 +194,11 @@ def child_main(argv: list[str]) -> int:
 
 
 def run_optimize_reads(workdir: Path, jars_dir: Path, plan: Plan) -> Outcome:
-    runtime = workdir / "optimize"
-    command = [PYTHON, str(BENCH_DIR / "optimize.py"), "--plan", json.dumps(plan.__dict__)]
-    log = workdir / "optimize.log"
     say(
         f"optimize_reads: {plan.batches} MERGE batches of {plan.batch:,} upserts "
-        f"({plan.keys:,} keys), DV {list(plan.deletion_vectors)}; log {log}"
+        f"({plan.keys:,} keys), DV {list(plan.deletion_vectors)}; log {workdir / 'optimize.log'}"
     )
-    with Child(command, conflux_env(runtime, jars_dir), log) as child:
-        child.wait_ok(6 * 3600)
-        report = last_json_line(child.output(), RESULT_PREFIX)
+    report = run_plan_child("optimize", plan, workdir, jars_dir, RESULT_PREFIX)
     return Outcome(_rows(report["results"]), report)
 
 

@@ -35,6 +35,8 @@ from bench.optimize import Plan, run_optimize_reads
 from bench.orders import Pace
 from bench.own_broker import broker_outcome, start_broker, stop_broker
 from bench.report import RESULTS_HEADER, markdown_block, write_json
+from bench.rules import Plan as RulesPlan
+from bench.rules import run_rules_throughput
 from bench.session_start import run_session_start
 from bench.silver_latency import run_silver_latency
 from bench.throughput import Setup, run_throughput
@@ -48,9 +50,10 @@ BENCHMARKS = (
     "merge_throughput",
     "silver_latency",
     "optimize_reads",
+    "rules_throughput",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
-ON_REQUEST = {"merge_throughput", "silver_latency", "optimize_reads"}
+ON_REQUEST = {"merge_throughput", "silver_latency", "optimize_reads", "rules_throughput"}
 NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
 
 
@@ -145,6 +148,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="optimize_reads: deletion vectors on the current table (on: the default of current "
         "tables; off: MERGE rewrites the files it touches, so few small files pile up)",
     )
+    parser.add_argument(
+        "--rules-records", type=int, default=500_000, help="rules_throughput: records per batch"
+    )
+    parser.add_argument(
+        "--rules-repeats", type=int, default=3, help="rules_throughput: batches per variant"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     return parser.parse_args(argv)
 
@@ -170,6 +179,9 @@ class Bench:
             self.merge()
         if "optimize_reads" in self.selected:
             self.optimize_reads()
+        if "rules_throughput" in self.selected:
+            plan = RulesPlan(self.args.rules_records, self.args.rules_repeats)
+            self.record("rules_throughput", run_rules_throughput(self.workdir, self.jars_dir, plan))
         if self.selected & NEEDS_BROKER:
             self.with_broker()
 

@@ -40,6 +40,9 @@ class BatchProgress:
     delta_version: int | None
     timestamp: str
     writes: list[dict[str, Any]] = field(default_factory=list)
+    #: Silver: where the batch's rows went and each expectation's failures
+    #: (:class:`pipelines.silver.expectations.BatchQuality`).
+    quality: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +88,8 @@ class BatchCommit:
 
     ``table_version`` and ``rows_added`` are those of the stage's main table (bronze: its table;
     silver: the current-state table's version and the events appended); ``writes`` has every
-    table the batch wrote (objects with ``to_dict()``: :class:`pipelines.delta_writes.TableWrite`).
+    table the batch wrote (objects with ``to_dict()``: :class:`pipelines.delta_writes.TableWrite`);
+    ``quality`` (silver) where the batch's rows went and what its expectations found.
     """
 
     flow: str
@@ -95,6 +99,7 @@ class BatchCommit:
     replayed: bool
     stage: str = "bronze"
     writes: tuple[Any, ...] = ()
+    quality: dict[str, Any] | None = None
 
     @property
     def query_name(self) -> str:
@@ -255,6 +260,7 @@ class ProgressTracker(StreamingQueryListener):
             delta_version=commit.table_version if commit else None,
             timestamp=str(progress.timestamp),
             writes=[w.to_dict() for w in commit.writes] if commit else [],
+            quality=commit.quality if commit else None,
         )
 
     def wait_for_batch(self, query: str, batch_id: int, timeout: float = 15.0) -> None:

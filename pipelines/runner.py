@@ -22,6 +22,7 @@ launchers do: :mod:`pipelines.launcher`, used by Dagster and ``conflux run``) or
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
@@ -115,8 +116,23 @@ def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
         if not query.isActive:
             error = query.exception()
             if error is not None:
-                return name, str(error)
+                return name, concise_error(str(error))
     return None
+
+
+#: The last line of a Python traceback that raised one of Conflux's own errors.
+_CONFLUX_ERROR_RE = re.compile(r"^pipelines\.[\w.]*\.(\w+(?:Error|Exception)): (.+)$", re.MULTILINE)
+
+
+def concise_error(error: str) -> str:
+    """A query's failure as a user should read it: when a Conflux error raised inside a batch
+    (an expectation, a transform, a lost lease), its own message instead of the Py4J traceback
+    and the query's plan around it; anything else as Spark reported it."""
+    raised = _CONFLUX_ERROR_RE.findall(error)
+    if not raised:
+        return error
+    name, message = raised[-1]
+    return f"{name}: {message}"
 
 
 def lease_problem(guards: Sequence[LeaseGuard]) -> str | None:

@@ -694,6 +694,77 @@ class HistorySpec(SilverTable):
         )
 
 
+EXPECTATION_ACTIONS = ("warn", "drop", "fail")
+
+
+class Expectation(_Model):
+    """A row expectation of the silver stage: a SQL boolean expression or a named rule.
+
+    A parsed row passes when it evaluates to true (false or null fail it). ``warn`` keeps a
+    failing row and counts it; ``drop`` sends it to the quarantine with
+    ``expectation <name> failed`` among its reasons; ``fail`` stops the flow before anything of
+    the batch is written, naming the expectation and showing a failing row.
+    """
+
+    name: Identifier = Field(
+        description="Name of the expectation: in quarantine reasons, metrics and check names."
+    )
+    expr: SqlFragment | None = Field(
+        default=None,
+        description="A SQL boolean expression over the parsed row's columns and metadata, "
+        "e.g. `amount >= 0`; use `try_` functions where a value may not convert.",
+    )
+    rule: StrictStr | None = Field(
+        default=None,
+        description="A named rule of `quality/rules.py` (not_null, not_empty, values_in_set, "
+        "between, matches, max_length, not_in_future, not_before), with `args`.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The rule's arguments, e.g. `{column: tier, values: [free, pro]}`.",
+    )
+    action: Literal["warn", "drop", "fail"] = Field(
+        default="warn",
+        description="What a failing row does: `warn` (kept, counted), `drop` (quarantined with "
+        "the expectation's name), `fail` (the flow stops; nothing of the batch is written).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Expectation:
+        from quality.rules import RuleError, check_rule_args
+
+        if (self.expr is None) == (self.rule is None):
+            raise _error("give either expr (SQL) or rule (a named rule), not both or neither")
+        if self.rule is None:
+            if self.args:
+                raise _error("only with rule: an expr takes no arguments", "args")
+            return self
+        try:
+            check_rule_args(self.rule, self.args)
+        except RuleError as exc:
+            raise _error(str(exc), "args" if self.rule in _rule_names() else "rule") from None
+        return self
+
+    def columns(self) -> list[str]:
+        """The row columns a rule names (an expr is analysed against the row at start)."""
+        from quality.rules import rule_columns
+
+        return rule_columns(self.args) if self.rule is not None else []
+
+    def describe(self) -> str:
+        """The expectation as a user wrote it: ``amount >= 0`` or ``between(column=amount, min=0)``."""
+        if self.expr is not None:
+            return self.expr
+        arguments = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
+        return f"{self.rule}({arguments})"
+
+
+def _rule_names() -> list[str]:
+    from quality.rules import RULES
+
+    return list(RULES)
+
+
 class SilverSpec(_Model):
     """Parse the bronze Kafka payloads into typed silver tables."""
 
@@ -749,6 +820,12 @@ class SilverSpec(_Model):
         "applied to each batch's parsed events before any table is written; it may add columns, "
         "filter and rewrite rows, but must keep the key, sequence and `_`-metadata columns.",
     )
+    expectations: tuple[Expectation, ...] = Field(
+        default=(),
+        description="Row expectations evaluated on every parsed row (before the transform), "
+        "all in one pass over the micro-batch; each `warn`s, `drop`s the row to the quarantine "
+        "or `fail`s the flow.",
+    )
 
     def columns(self) -> tuple[str, ...]:
         """Column names of :attr:`schema_ddl`, in order."""
@@ -796,6 +873,7 @@ class SilverSpec(_Model):
                     "event_time",
                 )
         self._check_history(columns, known)
+        self._check_expectations(columns, known)
         current = self.current
         if current is None:
             return self
@@ -859,6 +937,23 @@ class SilverSpec(_Model):
                     f"history.{name}",
                 )
         self._check_sequence(history.sequence_by, "history.sequence_by", columns)
+
+    def _check_expectations(self, columns: tuple[str, ...], known: str) -> None:
+        seen: set[str] = set()
+        for index, expectation in enumerate(self.expectations):
+            if expectation.name in seen:
+                raise _error(
+                    f"{expectation.name!r} is the name of an earlier expectation; give each its own",
+                    f"expectations.{index}.name",
+                )
+            seen.add(expectation.name)
+            for column in expectation.columns():
+                if column not in columns and column not in EVENT_METADATA_COLUMNS:
+                    raise _error(
+                        f"{column!r} is neither a column of schema ({known}) nor a metadata "
+                        f"column ({', '.join(EVENT_METADATA_COLUMNS)})",
+                        f"expectations.{index}.args.column",
+                    )
 
     def _check_sequence(self, sequence: str | None, field: str, columns: tuple[str, ...]) -> None:
         if sequence is not None and IDENTIFIER_RE.match(sequence):
@@ -1066,10 +1161,13 @@ _LITERAL_WORDING: dict[str, Callable[[str, list[str]], str]] = {
 
 
 def _field_path(loc: tuple[int | str, ...]) -> list[str]:
-    """The dotted field of a pydantic location: no list indices, no union tags."""
+    """The dotted field of a pydantic location: no union tags, no list indices but those of a
+    list of models (``silver.expectations.2.rule``)."""
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
+            if parts[-1:] == ["expectations"]:
+                parts.append(str(item))
             continue
         if parts == ["source"] and item in SOURCE_KINDS:
             continue  # the discriminated union's tag

@@ -27,8 +27,8 @@ Formats:
     wrapped in ``{"schema": ..., "payload": ...}`` by the JSON converter. ``_source_lsn`` is the
     change's log position (``source.lsn``: Postgres; other connectors' positions, such as MySQL's
     binlog file and ``pos``, do not order changes by themselves, so declare ``sequence_by``) and
-    ``_source_ts_ms`` its commit time in the source database. A tombstone after a delete carries no position and is
-    ignored: the delete already happened, at its own position.
+    ``_source_ts_ms`` its commit time in the source database. A tombstone after a delete carries
+    no position and is ignored (:data:`IGNORED`): the delete already happened, at its own position.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pipelines.spec import SilverSpec
 
 REASONS = "_reasons"
+#: True for a row that is neither an event nor quarantined: a Debezium tombstone (the delete
+#: happened at its own position), counted so that a batch's rows all add up.
+IGNORED = "_ignored"
 CORRUPT = "_corrupt_record"
 DEBEZIUM_OPS = ("c", "u", "d", "r")
 #: Columns every silver event carries after the schema's own, in order (see ARCHITECTURE.md).
@@ -150,16 +153,17 @@ def _parse_failure(text: Column, utf8_ok: Column, parsed: Column, mismatch: Colu
 def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     """Parse bronze rows into silver events; failed rows keep their bytes and gain reasons.
 
-    The result has the schema's columns, :data:`EVENT_METADATA`, ``raw_key`` / ``raw_value`` and
-    :data:`REASONS`; Debezium tombstones are left out.
+    The result has the schema's columns, :data:`EVENT_METADATA`, ``raw_key`` / ``raw_value``,
+    :data:`REASONS` and :data:`IGNORED` (Debezium tombstones: no reasons, and no event).
     """
     row = ddl_struct(spec.schema_ddl)
     value_text = F.col("value").cast("string")
     utf8_ok = F.is_valid_utf8(value_text)
     is_tombstone = F.col("value").isNull()
     frame = batch
+    ignored = F.lit(False)
     if spec.format == "debezium":
-        frame = frame.where(~is_tombstone)
+        ignored = is_tombstone
         envelope = F.from_json(
             F.when(utf8_ok, value_text), _with_corrupt(envelope_schema(row)), _permissive(row)
         )
@@ -208,6 +212,8 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
                 ),
             ),
         ]
+        # A tombstone is kept as an ignored row, so a batch's rows all show up in its counts.
+        reasons = [F.when(~is_tombstone, reason) for reason in reasons]
         frame = frame.withColumn("_image", image)
         columns = [F.col("_image")[f.name].alias(f.name) for f in row.fields]
         op_column = op
@@ -256,10 +262,11 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
         F.col("key").alias("raw_key"),
         F.col("value").alias("raw_value"),
         F.filter(F.array(*reasons), lambda r: r.isNotNull()).alias(REASONS),
+        ignored.alias(IGNORED),
     )
     # The spec's own expressions see parsed rows only: on a record that did not parse they could
     # fail (ANSI casts) and stop the stream instead of quarantining it.
-    parsed = F.size(F.col(REASONS)) == 0
+    parsed = _parsed()
     if spec.format == "json" and spec.delete_condition:
         deleted = F.when(parsed, F.expr(spec.delete_condition))
         frame = frame.withColumn(
@@ -281,9 +288,14 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     return frame
 
 
+def _parsed() -> Column:
+    """A row that parsed so far (no reason yet) and is not an ignored Debezium tombstone."""
+    return (F.size(F.col(REASONS)) == 0) & ~F.col(IGNORED)
+
+
 def _row_reasons(spec: SilverSpec) -> Column:
     """Reasons about a parsed row: a missing key, a null sequence (only once the row parsed)."""
-    parsed = F.size(F.col(REASONS)) == 0
+    parsed = _parsed()
     checks: list[Column] = []
     keys = [
         *(spec.current.keys if spec.current else ()),
@@ -306,7 +318,7 @@ def _row_reasons(spec: SilverSpec) -> Column:
 def events_of(parsed: DataFrame, spec: SilverSpec) -> DataFrame:
     """The parsed rows that are silver events, in the events table's column order."""
     names = [*spec.columns(), *EVENT_METADATA]
-    return parsed.where(F.size(REASONS) == 0).select(*names)
+    return parsed.where(_parsed()).select(*names)
 
 
 def quarantine_of(parsed: DataFrame, flow: str) -> DataFrame:

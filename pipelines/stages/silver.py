@@ -54,6 +54,15 @@ from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver import current as current_state
 from pipelines.silver import history as history_state
+from pipelines.silver.expectations import (
+    ExpectationFailedError,
+    batch_aggregates,
+    batch_quality,
+    failure_message,
+    failures,
+    passes,
+    with_expectations,
+)
 from pipelines.silver.parse import (
     EVENT_METADATA,
     ddl_struct,
@@ -320,13 +329,15 @@ class SilverStage:
             ),
         )
         try:
-            events = events_of(parse_batch(empty, silver, 0), silver)
+            parsed = parse_batch(empty, silver, 0)
+            events = events_of(parsed, silver)
         except Exception as exc:  # an AnalysisException names the unknown column or bad syntax
             raise ConfigError(
                 f"{self.spec.spec_file}: silver: the spec's expressions do not analyse against "
                 f"the parsed row ({', '.join(silver.columns())} and {', '.join(EVENT_METADATA)}): "
                 f"{str(exc).splitlines()[0]}"
             ) from exc
+        self._check_expectations(parsed)
         sequence_type = events.schema["_sequence"].dataType.simpleString()
         metadata = ddl_struct(
             ", ".join(
@@ -353,6 +364,27 @@ class SilverStage:
             metadata,
             sequence_type,
         )
+
+    def _check_expectations(self, parsed: DataFrame) -> None:
+        """Every expectation analyses against the parsed row, and an ``expr`` is a condition."""
+        for index, expectation in enumerate(self.silver.expectations):
+            where = (
+                f"{self.spec.spec_file}: silver.expectations.{index} ({expectation.name}: "
+                f"{expectation.describe()})"
+            )
+            condition = F.expr(expectation.expr) if expectation.expr else passes(expectation)
+            try:
+                kind = parsed.select(condition).schema[0].dataType.simpleString()
+            except Exception as exc:  # an AnalysisException names the unknown column
+                raise ConfigError(
+                    f"{where}: does not analyse against the parsed row "
+                    f"({', '.join((*self.silver.columns(), *EVENT_METADATA))}): "
+                    f"{str(exc).splitlines()[0]}"
+                ) from exc
+            if kind != "boolean":
+                raise ConfigError(
+                    f"{where}: is {kind}, not a condition; write one such as `amount >= 0`"
+                )
 
     def _required_columns(self) -> list[tuple[str, str]]:
         """(column, spec field) of every column a table of the spec names."""
@@ -397,15 +429,18 @@ class SilverStage:
         if self.guard is not None and self.own_query:
             self.guard.check()  # LeaseLostError fails the query before anything is written
         silver = self.silver
-        parsed = parse_batch(bronze_rows, silver, batch_id).persist()
+        expectations = silver.expectations
+        parsed = with_expectations(parse_batch(bronze_rows, silver, batch_id), expectations)
+        parsed = parsed.persist()
         transformed: DataFrame | None = None
         try:
-            counts = parsed.agg(
-                F.count_if(F.size("_reasons") == 0).alias("events"),
-                F.count_if(F.size("_reasons") > 0).alias("quarantined"),
-                F.count_if((F.size("_reasons") == 0) & (F.col("_op") == "d")).alias("deletes"),
-            ).first()
+            counts = parsed.agg(*batch_aggregates(expectations, silver.columns())).first()
             assert counts is not None
+            failed = failures(counts, expectations)
+            if failed:  # before any write: nothing of the batch is committed anywhere
+                raise ExpectationFailedError(
+                    failure_message(self.spec.name, self.spec.spec_file, batch_id, failed)
+                )
             events, event_count = events_of(parsed, silver), int(counts["events"])
             has_deletes = counts["deletes"] > 0
             if self.transform is not None and silver.transform is not None and event_count:
@@ -452,6 +487,7 @@ class SilverStage:
                 writes += self._merge(events, batch_id, has_deletes)
             if silver.history is not None and event_count:
                 writes += self._merge_history(events, batch_id)
+            quality = batch_quality(counts, expectations, event_count)
         finally:
             parsed.unpersist()
             if transformed is not None:
@@ -467,6 +503,7 @@ class SilverStage:
             replayed=bool(writes) and all(w.skipped for w in writes),
             stage=STAGE,
             writes=tuple(writes),
+            quality=quality.to_dict(),
         )
         self.on_commit(commit)
         return commit

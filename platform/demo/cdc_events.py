@@ -354,6 +354,26 @@ def bad_records(first_id: int = 1_000_000_000, lsn: int = 9_000_000_000) -> list
     ]  # fmt: skip
 
 
+def expectation_breakers(
+    first_id: int = 1_100_000_000, lsn: int = 9_100_000_000
+) -> list[BadRecord]:
+    """Well-formed changes that the demo flow's expectations (``flows/customers.yaml``) judge:
+    an unknown tier (``known_tier``, action drop: quarantined) and an email without ``@``
+    (``email_has_at``, action warn: kept, counted)."""
+
+    def change(key: int, offset: int, **values: Any) -> bytes:
+        event = ChangeEvent(key, "c", lsn + offset, after={**_fixed_row(key), **values})
+        return json.dumps(event.envelope()).encode()
+
+    return [
+        BadRecord(
+            "unknown-tier", key_bytes(first_id), change(first_id, 0, tier="vip"),
+            "expectation known_tier failed",
+        ),
+        BadRecord("email-without-at", key_bytes(first_id + 1), change(first_id + 1, 1, email="n/a"), ""),
+    ]  # fmt: skip
+
+
 def _fixed_row(key: int) -> Row:
     return {
         "id": key,

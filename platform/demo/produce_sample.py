@@ -111,7 +111,7 @@ def produce_changes(bootstrap: str, delivered: list[cdc_events.ChangeEvent], see
     """Produce the change stream and the bad records, each key to one partition (as Debezium)."""
     partitions = 3
     ensure_topic(bootstrap, CDC_TOPIC, partitions)
-    bad = [b.record() for b in cdc_events.bad_records()]
+    bad = [b.record() for b in (*cdc_events.bad_records(), *cdc_events.expectation_breakers())]
     stream = cdc_events.mix_in(cdc_events.records(delivered), bad, seed)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
     for key, value in stream:
@@ -176,7 +176,7 @@ def main() -> int:
     print(
         f"produced {cdc_sent} records to Kafka topic '{CDC_TOPIC}' for {args.customers} customers "
         f"(seed {seed}): {dict(sorted(ops.items()))}, out of order and partly twice, "
-        f"and {cdc_sent - len(changes)} bad records for the quarantine"
+        f"and {cdc_sent - len(changes)} records for the quarantine and the expectations"
     )
     if not schema_stored:
         print("run the demo again to see records that break the file schema land in _rescued_data")

@@ -3,9 +3,10 @@ what a run's materialization says is what delta-rs finds in the table, and a Spa
 the run with Spark's own error text."""
 
 from pathlib import Path
+from typing import Any
 
 import yaml
-from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
+from dagster import AssetCheckSeverity, AssetKey, DagsterEventType, DagsterInstance, materialize
 
 from assets.definitions import build_definitions
 from pipelines.locations import FlowLocations
@@ -107,13 +108,15 @@ def test_a_silver_flow_materializes_every_table_it_writes(
     conflux_env: Path, kafka_broker: KafkaBroker
 ) -> None:
     """One run of a flow with a silver stage: bronze, events, current state and quarantine each
-    get a materialization whose rows and Delta version are what delta-rs finds."""
+    get a materialization whose rows and Delta version are what delta-rs finds; the stream's
+    checks (rows accounted, one per expectation) are evaluated per batch and once for the run."""
     from deltalake import DeltaTable
 
     from pipelines.locations import table_paths
     from tests.support.cdc import (
         bad_records,
         delivery_order,
+        expectation_breakers,
         expected_current_state,
         generate_events,
         records,
@@ -121,7 +124,8 @@ def test_a_silver_flow_materializes_every_table_it_writes(
     from tests.support.delta_read import read_arrow
 
     delivered = delivery_order(generate_events(200, 11), 11)
-    sent = records(delivered) + [b.record() for b in bad_records()[:2]]
+    unknown_tier = expectation_breakers()[0]
+    sent = records(delivered) + [b.record() for b in (*bad_records()[:2], unknown_tier)]
     create_topic(kafka_broker.bootstrap_servers, "e2e_customers", partitions=1)
     produce(kafka_broker.bootstrap_servers, "e2e_customers", sent)
     spec = {
@@ -132,6 +136,15 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             "format": "debezium",
             "schema": "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP",
             "current": {"table": "e2e_customers", "keys": ["id"]},
+            "expectations": [
+                {
+                    "name": "known_tier",
+                    "rule": "values_in_set",
+                    "args": {"column": "tier", "values": ["free", "silver", "gold", "platinum"]},
+                    "action": "drop",
+                },
+                {"name": "email_has_at", "expr": "email LIKE '%@%'"},
+            ],
         },
     }
     (conflux_env / "e2e_customers.yaml").write_text(yaml.safe_dump(spec))
@@ -162,5 +175,25 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             assert by_key[key]["delta_version"] == table.version(), role
         current = read_arrow(paths["current"], ["id"])  # deletion vectors: QueryBuilder
         assert by_key[keys["bronze"]]["rows_written"] == len(sent)
-        assert by_key[keys["quarantine"]]["rows_written"] == 2
+        assert by_key[keys["quarantine"]]["rows_written"] == 3
         assert sorted(current["id"].to_pylist()) == sorted(expected_current_state(delivered))
+        assert by_key[keys["events"]]["quality_dropped"] == 1
+        assert by_key[keys["events"]]["quality_rows_in"] == len(sent)
+
+        evaluations = result.get_asset_check_evaluations()
+        per_check: dict[str, list[Any]] = {}
+        for evaluation in evaluations:
+            assert evaluation.asset_key == keys["events"]
+            per_check.setdefault(evaluation.check_name, []).append(evaluation)
+        assert set(per_check) == {
+            "rows_accounted",
+            "expectation_known_tier",
+            "expectation_email_has_at",
+        }
+        # every batch's evaluation, then the run's result: the last one holds the totals
+        assert all(e.passed for e in per_check["rows_accounted"])
+        assert all(e.passed for e in per_check["expectation_email_has_at"])
+        known_tier = per_check["expectation_known_tier"]
+        assert len(known_tier) >= 2 and not known_tier[-1].passed
+        assert known_tier[-1].severity == AssetCheckSeverity.WARN
+        assert known_tier[-1].metadata["failed_rows"].value == 1
