@@ -13,13 +13,14 @@ from pathlib import Path
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job
 
 from assets.flows import flow_assets, source_specs
-from assets.keys import flow_asset_keys
+from assets.keys import flow_asset_keys, flow_table_keys
 from assets.maintenance import maintenance_job, maintenance_schedule
 from assets.resources import SparkSubmitResource, pyspark_resource
 from assets.sensors import dead_run_worker_sensor
-from pipelines.locations import check_distinct_tables
+from pipelines.locations import check_distinct_tables, table_paths
 from pipelines.settings import load_settings
 from pipelines.spec import FlowSpec, SpecError, load_specs
+from quality.gx_checks import suite_checks
 
 
 def select_flows(specs: list[FlowSpec], names: Sequence[str] | None, where: Path) -> list[FlowSpec]:
@@ -75,8 +76,14 @@ def build_definitions(
         selection=AssetSelection.assets(*incremental),
         description="Catch up every available_now flow, then end.",
     )
+    checks = [
+        check
+        for spec in specs
+        for check in suite_checks(spec, flow_table_keys(spec), table_paths(spec, settings))
+    ]
     return Definitions(
         assets=[*sources.values(), *(flow_assets(spec, settings) for spec in specs)],
+        asset_checks=checks,
         jobs=[*jobs, ingest_job, *maintenance.values()],
         schedules=[
             ScheduleDefinition(

@@ -53,12 +53,7 @@ from pipelines.settings import load_settings
 from pipelines.silver.expectations import QUALITY_COUNTS, failed_expectations
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
-from quality.checks import (
-    CheckTotals,
-    batch_evaluations,
-    failed_evaluation,
-    run_results,
-)
+from quality.checks import StreamChecks
 
 
 class RunWorkerGoneError(Exception):
@@ -137,7 +132,6 @@ class ProgressRelay:
     last_event: float = field(default_factory=time.monotonic)
     #: Silver's events table: the quality counts of the batches since the last event.
     pending_quality: dict[str, int] = field(default_factory=dict)
-    pending_quality_batches: int = 0
 
     def add(self, message: dict[str, Any], write: dict[str, Any]) -> None:
         rows = int(write.get("rows") or 0)
@@ -154,8 +148,8 @@ class ProgressRelay:
         self.latest_write = write
 
     def add_quality(self, quality: dict[str, Any]) -> None:
-        """Sum a silver batch's row counts and expectation failures into the next event."""
-        self.pending_quality_batches += 1
+        """Sum a silver batch's row counts and expectation failures into the next event (which
+        only a batch that wrote the table makes: counts alone are not a materialization)."""
         counts = {k: quality[k] for k in QUALITY_COUNTS}
         for outcome in quality.get("expectations") or []:
             counts[f"failed_{outcome['name']}"] = outcome["failed"]
@@ -164,19 +158,16 @@ class ProgressRelay:
 
     def flush(self, final: bool = False) -> None:
         now = time.monotonic()
-        pending = self.pending_batches or self.pending_quality_batches
-        if pending and (final or now - self.last_event >= self.interval):
+        if self.pending_batches and (final or now - self.last_event >= self.interval):
             self.context.log_event(
                 AssetMaterialization(asset_key=self.asset_key, metadata=self._metadata())
             )
             self.pending_rows = self.pending_batches = self.pending_skipped = 0
-            self.pending_quality, self.pending_quality_batches = {}, 0
+            self.pending_quality = {}
             self.last_event = now
 
     def _metadata(self) -> dict[str, Any]:
         quality = {f"quality_{k}": MetadataValue.int(v) for k, v in self.pending_quality.items()}
-        if not self.pending_batches:  # a batch that quarantined every row: counts only
-            return quality
         latest = self.latest
         metadata: dict[str, Any] = {
             **quality,
@@ -222,11 +213,14 @@ class RunMonitor:
     relays: dict[AssetKey, ProgressRelay]
     heartbeat: float
     live: bool = True
+    #: At most one round of stream check evaluations per this many seconds (unless one changes).
+    evaluation_interval: float = 15.0
     seen: int = 0
     errors: list[str] = field(default_factory=list)
     lags: dict[str, Any] = field(default_factory=dict)
     #: Per flow with silver: the run's totals of its stream checks (:mod:`quality.checks`).
-    checks: dict[str, CheckTotals] = field(default_factory=dict)
+    checks: dict[str, StreamChecks] = field(default_factory=dict)
+    last_evaluations: float = field(default_factory=time.monotonic)
     last_heartbeat: float = field(default_factory=time.monotonic)
 
     def poll(self, messages: Sequence[Any], final: bool = False) -> None:
@@ -252,11 +246,14 @@ class RunMonitor:
             self.lags[flow] = message.get("lag")
         quality = message.get("quality")
         if quality and flow in self.checks:
-            totals = self.checks[flow]
-            totals.add(int(message["batch_id"]), quality)
-            for evaluation in batch_evaluations(totals.events, int(message["batch_id"]), quality):
-                self.context.log_event(evaluation)
-            relay = self.relays.get(totals.events)
+            checks = self.checks[flow]
+            changed = checks.add(message)
+            due = time.monotonic() - self.last_evaluations >= self.evaluation_interval
+            if changed or due:
+                for evaluation in checks.evaluations():
+                    self.context.log_event(evaluation)
+                self.last_evaluations = time.monotonic()
+            relay = self.relays.get(checks.events)
             if relay is not None:
                 relay.add_quality(quality)
         for write in batch_writes(message):
@@ -264,16 +261,16 @@ class RunMonitor:
             if key is not None and key in self.relays:
                 self.relays[key].add(message, write)
 
-    def report_failed_expectations(self, specs: Sequence[FlowSpec]) -> None:
-        """A flow stopped by a ``fail`` expectation: that check fails (with the error)."""
-        for spec in specs:
-            totals = self.checks.get(spec.name)
-            if totals is None or spec.silver is None:
-                continue
+    def report_failed_expectations(self) -> None:
+        """A flow stopped by a ``fail`` expectation: that check fails, with the error."""
+        for flow, checks in self.checks.items():
             for error in self.errors:
-                for expectation in spec.silver.expectations:
-                    if expectation.name in failed_expectations(error, spec.name):
-                        self.context.log_event(failed_evaluation(totals.events, expectation, error))
+                names = failed_expectations(error, flow)
+                for name in names:
+                    checks.fail_expectation(name, error)
+                if names:
+                    for evaluation in checks.evaluations():
+                        self.context.log_event(evaluation)
 
 
 def loggable(command: list[str]) -> list[str]:
@@ -343,11 +340,18 @@ def run_flows(
         for flow in tables.values()
         for key in flow.by_role.values()
     }
-    monitor = RunMonitor(context, tables, relays, spark_submit.heartbeat_seconds, live=continuous)
+    monitor = RunMonitor(
+        context,
+        tables,
+        relays,
+        spark_submit.heartbeat_seconds,
+        live=continuous,
+        evaluation_interval=spark_submit.progress_interval_seconds,
+    )
     for spec in specs:
         events = events_key(spec)
         if events is not None:
-            monitor.checks[spec.name] = CheckTotals(events)
+            monitor.checks[spec.name] = StreamChecks(spec, events)
     worker_pid = run_worker_pid(context)
     context.instance.add_run_tags(
         context.run_id, {RUN_WORKER_TAG: f"{socket.gethostname()}:{worker_pid}"}
@@ -399,7 +403,7 @@ def run_flows(
             monitor.poll(session.get_custom_messages(), final=True)
         returncode = application.wait()
         if returncode != 0:
-            monitor.report_failed_expectations(specs)
+            monitor.report_failed_expectations()
             raise Failure(
                 description=(
                     f"flows {', '.join(tables)}: the Spark application exited with code "
@@ -415,12 +419,16 @@ def run_flows(
             reported.add(key)
             if quality.get(key):  # the events table: the run's quality counts beside the child's
                 result = MaterializeResult(
-                    asset_key=key, metadata={**(result.metadata or {}), **quality[key]}
+                    asset_key=key,
+                    metadata={**(result.metadata or {}), **quality[key]},
+                    check_results=result.check_results,
+                    data_version=result.data_version,
+                    tags=result.tags,
                 )
         yield result
     for spec in specs:
         if spec.name in monitor.checks:
-            yield from run_results(spec, monitor.checks[spec.name])
+            yield from monitor.checks[spec.name].results()
         if (trigger or spec.trigger.mode) != "available_now":
             continue  # a stopped continuous run: its tables' progress was reported as it went
         for key in tables[spec.name].by_role.values():

@@ -116,23 +116,26 @@ def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
         if not query.isActive:
             error = query.exception()
             if error is not None:
-                return name, concise_error(str(error))
+                return name, str(error)
     return None
 
 
-#: The last line of a Python traceback that raised one of Conflux's own errors.
-_CONFLUX_ERROR_RE = re.compile(r"^pipelines\.[\w.]*\.(\w+(?:Error|Exception)): (.+)$", re.MULTILINE)
+#: Where a Python traceback raises one of Conflux's own errors.
+_CONFLUX_ERROR_RE = re.compile(r"^pipelines\.[\w.]*\.(\w+(?:Error|Exception)): ", re.MULTILINE)
+#: What Spark appends to a query's failure after the Python error.
+_QUERY_SUFFIX = "\n\n=== Streaming Query ==="
 
 
 def concise_error(error: str) -> str:
     """A query's failure as a user should read it: when a Conflux error raised inside a batch
-    (an expectation, a transform, a lost lease), its own message instead of the Py4J traceback
-    and the query's plan around it; anything else as Spark reported it."""
-    raised = _CONFLUX_ERROR_RE.findall(error)
+    (an expectation, a transform, a lost lease), its own message (all its lines) instead of the
+    Py4J traceback and the query's plan around it; anything else as Spark reported it."""
+    raised = list(_CONFLUX_ERROR_RE.finditer(error))
     if not raised:
         return error
-    name, message = raised[-1]
-    return f"{name}: {message}"
+    last = raised[-1]
+    message = error[last.end() :].split(_QUERY_SUFFIX, 1)[0].rstrip()
+    return f"{last[1]}: {message}"
 
 
 def lease_problem(guards: Sequence[LeaseGuard]) -> str | None:
@@ -217,7 +220,8 @@ def supervise(
         failure = first_failure(queries)
         if failure is not None:
             name, error = failure
-            reporter.error(f"flow {name} failed: {error}")
+            print(f"conflux: the failure of {name} as Spark reported it:\n{error}", file=sys.stderr)
+            reporter.error(f"flow {name} failed: {concise_error(error)}")
             lease_lost = LeaseLostError.__name__ in error  # raised inside a batch (foreachBatch)
             for query in queries.values():
                 if not query.isActive:

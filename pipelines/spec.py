@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -42,6 +43,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -81,6 +83,15 @@ EVENT_METADATA_COLUMNS = (
 )  # fmt: skip
 #: Columns silver adds to the current table and its deleted-keys side table.
 CURRENT_METADATA_COLUMNS = ("_sequence", "_op", "_event_time", "_updated_at", "_deleted_at")
+#: Columns silver adds to the history table after its keys and values.
+HISTORY_METADATA_COLUMNS = (
+    "_valid_from", "_valid_to", "_valid_from_time", "_valid_to_time", "_is_current", "_updated_at",
+)  # fmt: skip
+#: The quarantine table's columns.
+QUARANTINE_TABLE_COLUMNS = (
+    "flow", "batch_id", "topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value",
+    "reasons", "quarantined_at",
+)  # fmt: skip
 #: Default ``silver.current.sequence_by`` per format.
 DEFAULT_SEQUENCE_BY = {"debezium": "_source_lsn", "json": "_source_offset"}
 #: Metadata columns that are always null for a format: no sequence over them.
@@ -471,6 +482,77 @@ FEATURE_PROPERTIES = {
 _GUARDED_PROPERTIES = ("delta.setTransactionRetentionDuration", "delta.logRetentionDuration")
 
 
+Scalar = StrictInt | StrictFloat | StrictStr
+
+
+class _Range(_Model):
+    """A model with ``min`` and ``max`` fields, at least one of them given."""
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> _Range:
+        if getattr(self, "min", None) is None and getattr(self, "max", None) is None:
+            raise _error("give min, max or both")
+        return self
+
+
+class Bounds(_Range):
+    """An inclusive range of numbers, dates or timestamps; give ``min``, ``max`` or both."""
+
+    min: StrictInt | StrictFloat | datetime | date | None = Field(
+        default=None, description="Lowest allowed value (inclusive)."
+    )
+    max: StrictInt | StrictFloat | datetime | date | None = Field(
+        default=None, description="Highest allowed value (inclusive)."
+    )
+
+
+class RowCount(_Range):
+    """How many rows a table may hold; give ``min``, ``max`` or both."""
+
+    min: Annotated[StrictInt, Field(ge=0)] | None = Field(default=None, description="At least.")
+    max: Annotated[StrictInt, Field(ge=0)] | None = Field(default=None, description="At most.")
+
+
+class Freshness(_Model):
+    """The newest value of a timestamp column is at most ``max_age`` old."""
+
+    column: Identifier = Field(
+        default="_event_time", description="The timestamp column; default: the event time."
+    )
+    max_age: Retention = Field(description="How old the newest value may be, e.g. `1 hour`.")
+
+
+class TableSuite(_Model):
+    """A Great Expectations suite run on the table as a Dagster asset check (``gx_suite``) after
+    the flow's runs, and on demand from the UI (``quality/suites.py``)."""
+
+    blocking: StrictBool = Field(
+        default=False,
+        description="A failing suite stops the assets downstream of this table in the same run "
+        "(incremental and backfill runs; a continuous run has no downstream step: its `fail` "
+        "expectations are what stops it).",
+    )
+    not_null: tuple[Identifier, ...] = Field(default=(), description="Columns without nulls.")
+    unique: tuple[Identifier, ...] = Field(
+        default=(), description="Columns whose values together are unique (e.g. the keys)."
+    )
+    values_in_set: dict[Identifier, tuple[Scalar, ...]] = Field(
+        default_factory=dict, description="Per column, the values it may hold."
+    )
+    between: dict[Identifier, Bounds] = Field(
+        default_factory=dict, description="Per column, the range its values lie in."
+    )
+    row_count: RowCount | None = Field(default=None, description="How many rows the table holds.")
+    freshness: Freshness | None = Field(
+        default=None, description="How recent the newest value of a timestamp column must be."
+    )
+
+    def columns(self) -> list[str]:
+        """Every column the suite names."""
+        named = [*self.not_null, *self.unique, *self.values_in_set, *self.between]
+        return [*named, *([self.freshness.column] if self.freshness else [])]
+
+
 class SilverTable(_Model):
     """A silver table: its name, optionally its location, and the Delta features it uses.
 
@@ -513,6 +595,11 @@ class SilverTable(_Model):
         default=(),
         description="Liquid clustering columns (set when the table is created; OPTIMIZE "
         "clusters by them); not with partitioning or `z_order_by`.",
+    )
+    suite: TableSuite | None = Field(
+        default=None,
+        description="Great Expectations checks of the whole table (not null, unique, values in "
+        "set, between, row count, freshness), run as a Dagster asset check.",
     )
 
     @field_validator("properties")
@@ -874,6 +961,7 @@ class SilverSpec(_Model):
                 )
         self._check_history(columns, known)
         self._check_expectations(columns, known)
+        self._check_suites(columns)
         current = self.current
         if current is None:
             return self
@@ -937,6 +1025,31 @@ class SilverSpec(_Model):
                     f"history.{name}",
                 )
         self._check_sequence(history.sequence_by, "history.sequence_by", columns)
+
+    def _table_columns(self, columns: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """The columns of each silver table, by spec field (before any transform)."""
+        tables = {
+            "events": (*columns, *EVENT_METADATA_COLUMNS),
+            "quarantine": QUARANTINE_TABLE_COLUMNS,
+        }
+        if self.current is not None:
+            tables["current"] = (*self.current.kept_columns(columns), *CURRENT_METADATA_COLUMNS)
+        if self.history is not None:
+            tables["history"] = (*columns, *HISTORY_METADATA_COLUMNS)
+        return tables
+
+    def _check_suites(self, columns: tuple[str, ...]) -> None:
+        if self.transform is not None:
+            return  # the transform may add columns: the suite finds out at run time
+        for field, table_columns in self._table_columns(columns).items():
+            suite = getattr(self, field).suite
+            for column in suite.columns() if suite else ():
+                if column not in table_columns:
+                    raise _error(
+                        f"{column!r} is not a column of the {field} table "
+                        f"({', '.join(table_columns)})",
+                        f"{field}.suite",
+                    )
 
     def _check_expectations(self, columns: tuple[str, ...], known: str) -> None:
         seen: set[str] = set()

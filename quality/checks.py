@@ -4,17 +4,23 @@ Each silver batch reports where its rows went and what its expectations found
 (:class:`pipelines.silver.expectations.BatchQuality`, in the batch's progress message). On the
 flow's events asset that becomes:
 
-* one check per expectation, ``expectation_<name>``: it passes for a batch in which no row failed
+* one check per expectation, ``expectation_<name>``: it passes while no row of the run failed
   the expectation; a failure has severity WARN for ``warn`` and ``drop`` expectations (the
   stream goes on; dropped rows are in the quarantine with the expectation's name) and ERROR for
   ``fail`` ones (the flow stopped before writing the batch);
-* ``rows_accounted``: every row of the batch is an event, a quarantined row or an ignored
-  Debezium tombstone (ERROR if not: rows would have vanished).
+* ``rows_accounted``: every batch's rows are accounted for against what Spark and Delta saw:
+  the rows the silver query read (its progress' ``numInputRows``) are the rows the stage
+  counted, and the rows the events and quarantine commits added (when not replays) are the
+  events written (after the transform) and the quarantined rows (ERROR if not).
 
-A step may yield each check's result once, and a continuous run lasts for days: so the launcher
-logs one :class:`~dagster.AssetCheckEvaluation` per batch and check as an event while the run goes
-on (:func:`batch_evaluations`), and yields one :class:`~dagster.AssetCheckResult` per check at
-the end with the run's totals (:func:`run_results`).
+Dagster keeps one status per check and run, and a step may yield each check's result only once,
+while a continuous run lasts for days. So :class:`StreamChecks` keeps the run's totals and the
+launcher logs them as :class:`~dagster.AssetCheckEvaluation` events while the run goes on (run so
+far, with the last batch's figures): at once when a check's status changes, otherwise at most
+once per progress interval; at the end of the run it yields them as
+:class:`~dagster.AssetCheckResult` (:meth:`StreamChecks.results`). A failed batch is therefore
+never hidden by a later passing one. Launching one of these checks alone from the UI runs the
+whole flow: they are part of the flow's multi-asset (one Spark application), not separate steps.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ from pipelines.silver.expectations import QUALITY_COUNTS
 from pipelines.spec import Expectation, FlowSpec
 
 ROWS_ACCOUNTED = "rows_accounted"
+_ACTIONS = {
+    "warn": "failing rows are kept and counted",
+    "drop": "failing rows go to the quarantine",
+    "fail": "a failing row stops the flow before its batch is written",
+}
 
 
 def expectation_check_name(expectation: Expectation) -> str:
@@ -50,158 +61,153 @@ def stream_check_specs(spec: FlowSpec, events: AssetKey) -> list[AssetCheckSpec]
     """The checks the flow's silver batches report on its events asset (none without silver)."""
     if spec.silver is None:
         return []
-    specs = [
+    return [
         AssetCheckSpec(
             name=ROWS_ACCOUNTED,
             asset=events,
-            description="Every row of each silver batch is an event, a quarantined row or an "
-            "ignored Debezium tombstone: nothing vanishes.",
-        )
-    ]
-    for expectation in spec.silver.expectations:
-        specs.append(
+            description="Every row each silver batch read is an event written, a quarantined "
+            "row or an ignored Debezium tombstone, as Spark's and Delta's own counts show.",
+        ),
+        *(
             AssetCheckSpec(
-                name=expectation_check_name(expectation),
+                name=expectation_check_name(e),
                 asset=events,
-                description=f"Rows meet {expectation.describe()} (action {expectation.action}: "
-                + {
-                    "warn": "failing rows are kept and counted",
-                    "drop": "failing rows go to the quarantine",
-                    "fail": "a failing row stops the flow before its batch is written",
-                }[expectation.action]
-                + ").",
+                description=f"Rows meet {e.describe()} (action {e.action}: {_ACTIONS[e.action]}).",
             )
-        )
-    return specs
-
-
-def batch_evaluations(
-    events: AssetKey, batch_id: int, quality: Mapping[str, Any]
-) -> list[AssetCheckEvaluation]:
-    """The check evaluations of one silver batch's ``quality`` report."""
-    rows_in = int(quality["rows_in"])
-    accounted = int(quality["events"]) + int(quality["quarantined"]) + int(quality["ignored"])
-    counts = {name: MetadataValue.int(int(quality[name])) for name in QUALITY_COUNTS}
-    evaluations = [
-        AssetCheckEvaluation(
-            asset_key=events,
-            check_name=ROWS_ACCOUNTED,
-            passed=rows_in == accounted,
-            severity=AssetCheckSeverity.ERROR,
-            metadata={"batch_id": MetadataValue.int(batch_id), **counts},
-            description=f"batch {batch_id}: {rows_in} rows in = {quality['events']} events + "
-            f"{quality['quarantined']} quarantined + {quality['ignored']} ignored",
-        )
+            for e in spec.silver.expectations
+        ),
     ]
-    for outcome in quality.get("expectations") or []:
-        failed = int(outcome["failed"])
-        evaluations.append(
-            AssetCheckEvaluation(
-                asset_key=events,
-                check_name=f"expectation_{outcome['name']}",
-                passed=failed == 0,
-                severity=_severity(str(outcome["action"])),
-                metadata={
-                    "batch_id": MetadataValue.int(batch_id),
-                    "failed_rows": MetadataValue.int(failed),
-                    "rows_judged": MetadataValue.int(
-                        int(quality["events"]) + int(quality["dropped"])
-                    ),
-                    "action": MetadataValue.text(str(outcome["action"])),
-                    "expectation": MetadataValue.text(str(outcome["expectation"])),
-                },
-                description=f"batch {batch_id}: {failed} row(s) failed",
-            )
-        )
-    return evaluations
+
+
+def accounting_problems(message: Mapping[str, Any]) -> list[str]:
+    """What does not add up in one silver batch message (its ``quality`` and its ``writes``)."""
+    quality = message["quality"]
+    problems = []
+    parts = int(quality["events"]) + int(quality["quarantined"]) + int(quality["ignored"])
+    if int(quality["rows_in"]) != parts:
+        problems.append(f"{quality['rows_in']} rows in, but {parts} events + quarantined + ignored")
+    read = message.get("input_rows")
+    if read is not None and int(read) != int(quality["rows_in"]):
+        problems.append(f"the query read {read} rows, the stage counted {quality['rows_in']}")
+    expected = {"events": int(quality["written"]), "quarantine": int(quality["quarantined"])}
+    for write in message.get("writes") or []:
+        role = write.get("role")
+        if role in expected and not write.get("skipped") and int(write["rows"]) != expected[role]:
+            problems.append(f"the {role} commit added {write['rows']} rows, not {expected[role]}")
+    return problems
 
 
 @dataclass
-class CheckTotals:
-    """A run's totals of one flow's stream checks, for the results yielded at its end."""
+class _Check:
+    name: str
+    severity: AssetCheckSeverity
+    description: str
+    failed_rows: int = 0
+    failed_batches: list[int] = field(default_factory=list)
+    last: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def passed(self) -> bool:
+        return not self.failed_batches
+
+
+@dataclass
+class StreamChecks:
+    """The run's totals of one flow's stream checks, as evaluations while it runs and results
+    at its end (see the module doc)."""
+
+    spec: FlowSpec
     events: AssetKey
     batches: int = 0
-    unaccounted_batches: list[int] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
-    failed: dict[str, int] = field(default_factory=dict)
-    actions: dict[str, str] = field(default_factory=dict)
+    checks: dict[str, _Check] = field(default_factory=dict)
 
-    def add(self, batch_id: int, quality: Mapping[str, Any]) -> None:
+    def __post_init__(self) -> None:
+        assert self.spec.silver is not None
+        self.checks[ROWS_ACCOUNTED] = _Check(
+            ROWS_ACCOUNTED, AssetCheckSeverity.ERROR, "rows accounted for"
+        )
+        for expectation in self.spec.silver.expectations:
+            name = expectation_check_name(expectation)
+            self.checks[name] = _Check(
+                name, _severity(expectation.action), f"{expectation.describe()}"
+            )
+
+    def add(self, message: Mapping[str, Any]) -> bool:
+        """Count one silver batch message; True when a check's status changed."""
+        before = {name: check.passed for name, check in self.checks.items()}
+        batch_id, quality = int(message["batch_id"]), message["quality"]
         self.batches += 1
-        for evaluation in batch_evaluations(self.events, batch_id, quality):
-            if evaluation.check_name == ROWS_ACCOUNTED and not evaluation.passed:
-                self.unaccounted_batches.append(batch_id)
         for name in QUALITY_COUNTS:
             self.counts[name] = self.counts.get(name, 0) + int(quality[name])
+        problems = accounting_problems(message)
+        accounted = self.checks[ROWS_ACCOUNTED]
+        accounted.last = {"batch_id": batch_id, "problems": problems}
+        if problems:
+            accounted.failed_batches.append(batch_id)
         for outcome in quality.get("expectations") or []:
-            name = f"expectation_{outcome['name']}"
-            self.failed[name] = self.failed.get(name, 0) + int(outcome["failed"])
-            self.actions[name] = str(outcome["action"])
+            check = self.checks.get(f"expectation_{outcome['name']}")
+            if check is None:  # an expectation the spec no longer has (a spec changed mid-run)
+                continue
+            failed = int(outcome["failed"])
+            check.last = {"batch_id": batch_id, "failed_rows": failed}
+            check.failed_rows += failed
+            if failed:
+                check.failed_batches.append(batch_id)
+        return any(before[name] != check.passed for name, check in self.checks.items())
+
+    def fail_expectation(self, name: str, error: str) -> None:
+        """A ``fail`` expectation stopped the flow (its batch never committed: no message)."""
+        check = self.checks[f"expectation_{name}"]
+        check.failed_batches.append(-1)
+        check.last = {"error": error}
 
     def metadata(self) -> dict[str, Any]:
         """The run's counts as ``quality_*`` materialization metadata (none before a batch)."""
-        counts = {
-            **self.counts,
-            **{f"failed_{k[len('expectation_') :]}": v for k, v in self.failed.items()},
+        failed = {
+            f"failed_{name[len('expectation_') :]}": check.failed_rows
+            for name, check in self.checks.items()
+            if name != ROWS_ACCOUNTED
         }
+        counts = {**self.counts, **failed} if self.batches else {}
         return {f"quality_{name}": MetadataValue.int(value) for name, value in counts.items()}
 
+    def _metadata(self, check: _Check) -> dict[str, Any]:
+        metadata: dict[str, Any] = {
+            "batches": MetadataValue.int(self.batches),
+            **{name: MetadataValue.int(value) for name, value in self.counts.items()},
+            "failed_batches": MetadataValue.json(check.failed_batches[-20:]),
+            "last_batch": MetadataValue.json(check.last),
+        }
+        if check.name != ROWS_ACCOUNTED:
+            metadata["failed_rows"] = MetadataValue.int(check.failed_rows)
+            metadata["expectation"] = MetadataValue.text(check.description)
+        return metadata
 
-def run_results(spec: FlowSpec, totals: CheckTotals) -> list[AssetCheckResult]:
-    """One result per stream check of ``spec``, over the batches of the run."""
-    metadata = {
-        "batches": MetadataValue.int(totals.batches),
-        **{name: MetadataValue.int(value) for name, value in totals.counts.items()},
-    }
-    results = [
-        AssetCheckResult(
-            asset_key=totals.events,
-            check_name=ROWS_ACCOUNTED,
-            passed=not totals.unaccounted_batches,
-            severity=AssetCheckSeverity.ERROR,
-            metadata={
-                **metadata,
-                "unaccounted_batches": MetadataValue.json(totals.unaccounted_batches),
-            },
-        )
-    ]
-    assert spec.silver is not None
-    for expectation in spec.silver.expectations:
-        name = expectation_check_name(expectation)
-        failed = totals.failed.get(name, 0)
-        results.append(
-            AssetCheckResult(
-                asset_key=totals.events,
-                check_name=name,
-                passed=failed == 0,
-                severity=_severity(expectation.action),
-                metadata={
-                    **metadata,
-                    "failed_rows": MetadataValue.int(failed),
-                    "action": MetadataValue.text(expectation.action),
-                    "expectation": MetadataValue.text(expectation.describe()),
-                },
-            )
-        )
-    return results
+    def _description(self, check: _Check) -> str:
+        if check.name == ROWS_ACCOUNTED:
+            status = "every batch adds up" if check.passed else "batches that do not add up"
+        else:
+            status = f"{check.failed_rows} row(s) failed"
+        return f"run so far: {self.batches} batch(es); {status}"
 
+    def _outcomes(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "asset_key": self.events,
+                "check_name": check.name,
+                "passed": check.passed,
+                "severity": check.severity,
+                "metadata": self._metadata(check),
+                "description": self._description(check),
+            }
+            for check in self.checks.values()
+        ]
 
-def failed_evaluation(
-    events: AssetKey, expectation: Expectation, error: str
-) -> AssetCheckEvaluation:
-    """The evaluation of a ``fail`` expectation that stopped the flow (its batch never committed,
-    so no batch report carries it): failed, ERROR, with the error naming a failing row."""
-    return AssetCheckEvaluation(
-        asset_key=events,
-        check_name=expectation_check_name(expectation),
-        passed=False,
-        severity=AssetCheckSeverity.ERROR,
-        metadata={
-            "action": MetadataValue.text(expectation.action),
-            "expectation": MetadataValue.text(expectation.describe()),
-            "error": MetadataValue.text(error),
-        },
-        description="the flow stopped: a row failed this expectation (nothing of the batch was "
-        "written)",
-    )
+    def evaluations(self) -> list[AssetCheckEvaluation]:
+        """The run so far, one evaluation per check (logged while the run goes on)."""
+        return [AssetCheckEvaluation(**outcome) for outcome in self._outcomes()]
+
+    def results(self) -> list[AssetCheckResult]:
+        """The whole run, one result per check (yielded once, when the run ends)."""
+        return [AssetCheckResult(**outcome) for outcome in self._outcomes()]

@@ -17,8 +17,9 @@ list, a regular expression that compiles), and the spec loader calls :func:`chec
 which validates them against the rule's annotated signature (pydantic), without a Spark session.
 
 Add a rule: write a function here with annotated parameters that returns a boolean ``Column``, and
-register it in :data:`RULES`. Its parameter named ``column`` (or ``columns``) is checked against
-the flow's parsed row by the spec loader.
+register it in :data:`RULES`. Its parameter named ``column`` is checked against the flow's parsed
+row by the spec loader. Keep it deterministic (no current time, no randomness): a batch replayed
+after a crash must be judged exactly as the first time.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def not_null(column: ColumnName) -> Column:
 
 
 def not_empty(column: ColumnName) -> Column:
-    """A string column has a value with something besides whitespace."""
-    return F.length(F.trim(F.col(column))) > 0
+    """A string value has something besides whitespace."""
+    return F.col(column).isNull() | (F.length(F.trim(F.col(column))) > 0)
 
 
 def values_in_set(
@@ -122,15 +123,17 @@ def max_length(column: ColumnName, length: Annotated[StrictInt, Field(ge=0)]) ->
 
 
 def not_in_future(column: ColumnName, skew: IntervalText = "5 minutes") -> Column:
-    """A timestamp is not later than now plus ``skew`` (the clock skew allowed)."""
-    limit = F.current_timestamp() + F.expr(f"INTERVAL {skew}")
-    return F.col(column).isNull() | (F.col(column).cast("timestamp") <= limit)
+    """A timestamp is not later than the moment its record was ingested (bronze's
+    ``_ingested_at``) plus ``skew``, the clock skew allowed. Not the current time: a batch
+    replayed after a crash is judged exactly as the first time."""
+    limit = F.col("_ingested_at") + F.expr(f"INTERVAL {skew}")
+    return F.col(column).isNull() | (F.col(column).try_cast("timestamp") <= limit)
 
 
 def not_before(column: ColumnName, earliest: IsoTime = "1970-01-01") -> Column:
     """A date or timestamp is not earlier than ``earliest`` (an ISO date or timestamp)."""
     bound = F.lit(earliest).cast("timestamp")
-    return F.col(column).isNull() | (F.col(column).cast("timestamp") >= bound)
+    return F.col(column).isNull() | (F.col(column).try_cast("timestamp") >= bound)
 
 
 RULES: Mapping[str, Callable[..., Column]] = {

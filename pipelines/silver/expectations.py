@@ -33,7 +33,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from pipelines.silver.parse import IGNORED, REASONS
+from pipelines.silver.parse import IGNORED, REASONS, parsed_event
 from pipelines.spec import Expectation
 
 #: Names of the expectations a parsed row failed (empty for a row that passed all, or that did
@@ -61,11 +61,6 @@ def passes(expectation: Expectation) -> Column:
     return F.coalesce(condition, F.lit(False))
 
 
-def judged() -> Column:
-    """The rows expectations judge: parsed (no reason yet) and not an ignored tombstone."""
-    return (F.size(F.col(REASONS)) == 0) & ~F.col(IGNORED)
-
-
 def with_expectations(parsed: DataFrame, expectations: Sequence[Expectation]) -> DataFrame:
     """``parsed`` with :data:`FAILED`, and ``drop`` failures added to its reasons."""
     if not expectations:
@@ -75,7 +70,7 @@ def with_expectations(parsed: DataFrame, expectations: Sequence[Expectation]) ->
         lambda name: name.isNotNull(),
     )
     frame = parsed.withColumn(
-        FAILED, F.when(judged(), failed).otherwise(F.array().cast("array<string>"))
+        FAILED, F.when(parsed_event(), failed).otherwise(F.array().cast("array<string>"))
     )
     dropping = [e for e in expectations if e.action == "drop"]
     if not dropping:
@@ -101,7 +96,7 @@ def batch_aggregates(
     """The aggregate columns of one pass over a parsed batch (after :func:`with_expectations`):
     the kinds of rows, deletes, and per expectation its failures (with a sample failing row for
     a ``fail`` one)."""
-    event = (F.size(F.col(REASONS)) == 0) & ~F.col(IGNORED)
+    event = parsed_event()
     flagged = F.size(F.col(FAILED)) > 0
     columns = [
         F.count(F.lit(1)).alias("rows_in"),
@@ -202,20 +197,22 @@ def failure_message(
         f"{sample or '?'}"
         for e, n, sample in failed
     ]
+    names = ", ".join(e.name for e, _, _ in failed)
     return (
         f"flow {flow}: silver batch {batch_id}: {'; '.join(parts)}. Action fail: nothing of "
         "the batch was written, and every start replays this same batch (its records are in "
         f"bronze already; corrections sent upstream arrive as new records). To get past it, "
         f"change the expectation in {spec_file} (silver.expectations): fix a wrong rule, or set "
         "its action to drop (the failing rows go to the quarantine with the rule's name) or "
-        "warn; then start the flow again."
+        f"warn; then start the flow again. [failed expectations: {names}]"
     )
 
 
 def failed_expectations(error: str, flow: str) -> list[str]:
     """The names of the ``fail`` expectations that stopped ``flow``, read from an error that
-    carries a :func:`failure_message` (the runner relays it as the query's failure)."""
-    start = re.search(rf"flow {re.escape(flow)}: silver batch \d+: ", error)
-    if start is None:
+    carries a :func:`failure_message` (the runner relays it as the query's failure): its last
+    ``[failed expectations: ...]`` marker, which no sample row can forge after it."""
+    if f"flow {flow}: silver batch " not in error:
         return []
-    return re.findall(r"expectation ([A-Za-z_][A-Za-z0-9_]*) \(", error[start.end() :])
+    markers = re.findall(r"\[failed expectations: ([A-Za-z0-9_, ]+)\]", error)
+    return [name.strip() for name in markers[-1].split(",")] if markers else []

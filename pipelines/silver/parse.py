@@ -1,9 +1,9 @@
 """Parsing bronze records into silver events, and everything that cannot be parsed into quarantine.
 
 :func:`parse_batch` turns one micro-batch of bronze rows (raw Kafka ``key`` / ``value`` bytes and
-their coordinates) into one DataFrame in which every row is either a silver event or a quarantined
-record, told apart by :data:`REASONS` (an empty array for an event). It is a single projection: no
-row is read twice and nothing is collected; the stage persists it and splits it.
+their coordinates) into one DataFrame in which every row is a silver event, a quarantined record
+(with its :data:`REASONS`) or an ignored Debezium tombstone (:data:`IGNORED`). It is a single
+projection: no row is read twice and nothing is collected; the stage persists it and splits it.
 
 Checks, in order, each adding its reason (the first that fails decides what the later ones see):
 
@@ -37,7 +37,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from pipelines.spec import SilverSpec
+from pipelines.spec import QUARANTINE_TABLE_COLUMNS, SilverSpec
 
 REASONS = "_reasons"
 #: True for a row that is neither an event nor quarantined: a Debezium tombstone (the delete
@@ -61,18 +61,7 @@ EVENT_METADATA = (
     "_batch_id",
 )
 #: The quarantine table's columns, in order.
-QUARANTINE_COLUMNS = (
-    "flow",
-    "batch_id",
-    "topic",
-    "partition",
-    "offset",
-    "kafka_timestamp",
-    "raw_key",
-    "raw_value",
-    "reasons",
-    "quarantined_at",
-)
+QUARANTINE_COLUMNS = QUARANTINE_TABLE_COLUMNS
 _ENVELOPE_FIELDS = ("before", "after", "op", "ts_ms", "source")
 _SOURCE_STRUCT = "ts_ms BIGINT, lsn BIGINT, snapshot STRING, db STRING, table STRING"
 
@@ -266,7 +255,7 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     )
     # The spec's own expressions see parsed rows only: on a record that did not parse they could
     # fail (ANSI casts) and stop the stream instead of quarantining it.
-    parsed = _parsed()
+    parsed = parsed_event()
     if spec.format == "json" and spec.delete_condition:
         deleted = F.when(parsed, F.expr(spec.delete_condition))
         frame = frame.withColumn(
@@ -288,14 +277,15 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     return frame
 
 
-def _parsed() -> Column:
-    """A row that parsed so far (no reason yet) and is not an ignored Debezium tombstone."""
+def parsed_event() -> Column:
+    """A row that parsed so far (no reason yet) and is not an ignored Debezium tombstone: after
+    :func:`parse_batch`, a silver event."""
     return (F.size(F.col(REASONS)) == 0) & ~F.col(IGNORED)
 
 
 def _row_reasons(spec: SilverSpec) -> Column:
     """Reasons about a parsed row: a missing key, a null sequence (only once the row parsed)."""
-    parsed = _parsed()
+    parsed = parsed_event()
     checks: list[Column] = []
     keys = [
         *(spec.current.keys if spec.current else ()),
@@ -318,7 +308,7 @@ def _row_reasons(spec: SilverSpec) -> Column:
 def events_of(parsed: DataFrame, spec: SilverSpec) -> DataFrame:
     """The parsed rows that are silver events, in the events table's column order."""
     names = [*spec.columns(), *EVENT_METADATA]
-    return parsed.where(_parsed()).select(*names)
+    return parsed.where(parsed_event()).select(*names)
 
 
 def quarantine_of(parsed: DataFrame, flow: str) -> DataFrame:

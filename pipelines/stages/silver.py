@@ -366,15 +366,25 @@ class SilverStage:
         )
 
     def _check_expectations(self, parsed: DataFrame) -> None:
-        """Every expectation analyses against the parsed row, and an ``expr`` is a condition."""
-        for index, expectation in enumerate(self.silver.expectations):
+        """Every expectation analyses against the parsed row, is a deterministic condition of one
+        row (no aggregate, window, randomness or clock: a replayed batch must be judged alike),
+        and the batch's whole evaluation runs (on no rows) without error."""
+        expectations = self.silver.expectations
+        for index, expectation in enumerate(expectations):
             where = (
                 f"{self.spec.spec_file}: silver.expectations.{index} ({expectation.name}: "
                 f"{expectation.describe()})"
             )
             condition = F.expr(expectation.expr) if expectation.expr else passes(expectation)
             try:
-                kind = parsed.select(condition).schema[0].dataType.simpleString()
+                projected = parsed.select(condition)
+                kind = projected.schema[0].dataType.simpleString()
+                analyzed = projected._jdf.queryExecution().analyzed()
+                deterministic = bool(analyzed.expressions().head().deterministic())
+                if expectation.rule == "matches":  # compile the pattern as Spark (Java) does
+                    parsed.sparkSession.range(1).select(
+                        F.lit("").rlike(f"^(?:{expectation.args['pattern']})$")
+                    ).collect()
             except Exception as exc:  # an AnalysisException names the unknown column
                 raise ConfigError(
                     f"{where}: does not analyse against the parsed row "
@@ -385,6 +395,20 @@ class SilverStage:
                 raise ConfigError(
                     f"{where}: is {kind}, not a condition; write one such as `amount >= 0`"
                 )
+            if not deterministic:
+                raise ConfigError(
+                    f"{where}: is not deterministic (randomness or the current time): a batch "
+                    "replayed after a crash would be judged differently; compare with a column "
+                    "such as _ingested_at instead"
+                )
+        try:
+            judged = with_expectations(parsed, expectations)
+            judged.agg(*batch_aggregates(expectations, self.silver.columns())).collect()
+        except Exception as exc:  # an aggregate or window inside an expression, a bad literal
+            raise ConfigError(
+                f"{self.spec.spec_file}: silver.expectations: they cannot be evaluated row by "
+                f"row (no aggregates or window functions): {str(exc).splitlines()[0]}"
+            ) from exc
 
     def _required_columns(self) -> list[tuple[str, str]]:
         """(column, spec field) of every column a table of the spec names."""

@@ -34,6 +34,7 @@ def asset_graph_snapshot(defs: Definitions) -> dict[str, dict]:
             "deps": sorted(k.to_user_string() for k in node.parent_keys),
             "kinds": sorted(node.kinds),
             "executable": node.is_executable,
+            "checks": sorted(k.name for k in graph.asset_check_keys if k.asset_key == key),
         }
     return snapshot
 

@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dagster import AssetCheckSeverity, AssetKey, DagsterEventType, DagsterInstance, materialize
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    asset,
+    materialize,
+)
 
 from assets.definitions import build_definitions
 from pipelines.locations import FlowLocations
@@ -135,7 +142,16 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         "silver": {
             "format": "debezium",
             "schema": "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP",
-            "current": {"table": "e2e_customers", "keys": ["id"]},
+            "current": {
+                "table": "e2e_customers",
+                "keys": ["id"],
+                "suite": {"blocking": True, "not_null": ["id", "email"], "unique": ["id"]},
+            },
+            # deliberately wrong: the customers have four tiers; blocks its downstream asset
+            "events": {
+                "table": "silver_e2e_customers_events",
+                "suite": {"blocking": True, "values_in_set": {"tier": ["free"]}},
+            },
             "expectations": [
                 {
                     "name": "known_tier",
@@ -156,15 +172,42 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         "quarantine": AssetKey(["quarantine", "silver_e2e_customers_quarantine"]),
     }
 
+    @asset(deps=[keys["current"]])
+    def report_on_customers() -> None:
+        """Downstream of the current table, whose blocking suite passes: it runs."""
+
+    @asset(deps=[keys["events"]])
+    def report_on_events() -> None:
+        """Downstream of the events table, whose blocking suite fails: it must not run."""
+
     with DagsterInstance.ephemeral() as instance:
         defs = build_definitions()
         result = materialize(
-            assets=list(defs.assets or []),
-            selection=list(keys.values()),
+            assets=[
+                *(defs.assets or []),
+                *(defs.asset_checks or []),
+                report_on_customers,
+                report_on_events,
+            ],
+            selection=[*keys.values(), report_on_customers.key, report_on_events.key],
             resources=defs.resources,
             instance=instance,
+            raise_on_error=False,
         )
-        assert result.success
+        assert not result.success  # the failed blocking suite
+        materialized = {m.asset_key for m in result.get_asset_materialization_events()}
+        assert AssetKey("report_on_customers") in materialized
+        assert AssetKey("report_on_events") not in materialized
+        suites = {
+            e.asset_key: e
+            for e in result.get_asset_check_evaluations()
+            if e.check_name == "gx_suite"
+        }
+        assert suites[keys["current"]].passed
+        failed = suites[keys["events"]]
+        assert not failed.passed and failed.severity == AssetCheckSeverity.ERROR
+        table = failed.metadata["expectations"].value
+        assert "expect_column_values_to_be_in_set" in table and "FAILED" in table, table
         by_key = {
             e.asset_key: {k: v.value for k, v in e.metadata.items()}
             for e in result.asset_materializations_for_node("flow_e2e_customers")
@@ -183,6 +226,8 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         evaluations = result.get_asset_check_evaluations()
         per_check: dict[str, list[Any]] = {}
         for evaluation in evaluations:
+            if evaluation.check_name == "gx_suite":
+                continue
             assert evaluation.asset_key == keys["events"]
             per_check.setdefault(evaluation.check_name, []).append(evaluation)
         assert set(per_check) == {

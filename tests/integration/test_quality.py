@@ -13,6 +13,8 @@
    versions of every silver table stay where they were; after the documented way forward (the
    action set to ``drop``) the same batch is replayed and the row lands in the quarantine with the
    expectation's name.
+3. :func:`test_an_expectation_that_cannot_judge_rows_alike_is_refused_at_start`: a
+   non-deterministic, aggregating, non-boolean or unknown-column expectation stops the start.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from pipelines.errors import ConfigError
 from pipelines.locations import table_paths
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -242,6 +245,32 @@ def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
     assert any("expectation positive_amount failed" in r for r in reasons[5]), reasons
     assert any("not valid JSON" in r for r in reasons[6]), reasons
     assert sorted(r["id"] for r in read_rows(paths["current"], ["id"])) == [1, 2, 3, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("case", "expr", "refusal"),
+    [
+        ("random", "amount > rand()", "is not deterministic"),
+        ("aggregate", "count(*) > 0", "no aggregates or window functions"),
+        ("number", "amount + 1", "is double, not a condition"),
+        ("unknown", "nope > 0", "does not analyse against the parsed row"),
+    ],
+)
+def test_an_expectation_that_cannot_judge_rows_alike_is_refused_at_start(
+    spark: SparkSession,
+    spark_settings: Settings,
+    tmp_path: Path,
+    case: str,
+    expr: str,
+    refusal: str,
+) -> None:
+    name = f"quality_refused_{case}"
+    flow = quality_flow(name, name, [{"name": "odd", "expr": expr}], "available_now")
+    spec = load_spec(write_spec(tmp_path / "flows", flow))
+    with pytest.raises(ConfigError) as refused:
+        run_flows([spec], spark_settings, RecordingReporter(), StopRequest(None), spark=spark)
+    message = str(refused.value)
+    assert "silver.expectations" in message and refusal in message, message
 
 
 pytestmark = pytest.mark.timeout(900)

@@ -9,7 +9,7 @@ from dagster import AssetCheckSeverity, AssetKey
 
 from pipelines.silver.expectations import failed_expectations, failure_message
 from pipelines.spec import Expectation, SpecError, parse_spec
-from quality.checks import CheckTotals, batch_evaluations, run_results, stream_check_specs
+from quality.checks import StreamChecks, accounting_problems, stream_check_specs
 from quality.rules import RULES, RuleError, check_rule_args, signature
 
 
@@ -126,6 +126,7 @@ def test_the_fail_message_names_the_rule_shows_a_row_and_the_way_forward() -> No
     assert "nothing of the batch was written" in message
     assert "flows/orders.yaml (silver.expectations)" in message and "action to drop" in message
     wrapped = f"StreamingQueryException: [FOREACH_BATCH_USER_FUNCTION_ERROR] ... {message}"
+    assert message.endswith("[failed expectations: positive]")
     assert failed_expectations(wrapped, "orders") == ["positive"]
     assert failed_expectations(wrapped, "other") == []
 
@@ -141,25 +142,27 @@ QUALITY = {
     "written": 7,
     "expectations": [
         {"name": "known", "action": "drop", "failed": 1, "expectation": "values_in_set(...)"},
-        {"name": "domain", "action": "warn", "failed": 0, "expectation": "email LIKE '%'"},
+        {"name": "domain", "action": "warn", "failed": 0, "expectation": "status <> ''"},
+        {"name": "positive", "action": "fail", "failed": 0, "expectation": "amount > 0"},
     ],
 }
 
 
-def test_a_batch_report_becomes_one_evaluation_per_check() -> None:
-    events = AssetKey(["silver", "orders_events"])
-    evaluations = {e.check_name: e for e in batch_evaluations(events, 3, QUALITY)}
-    assert set(evaluations) == {"rows_accounted", "expectation_known", "expectation_domain"}
-    assert evaluations["rows_accounted"].passed
-    assert not evaluations["expectation_known"].passed
-    assert evaluations["expectation_known"].severity == AssetCheckSeverity.WARN
-    assert evaluations["expectation_known"].metadata["failed_rows"].value == 1
-    assert evaluations["expectation_domain"].passed
-    unbalanced = {**QUALITY, "rows_in": 11}
-    assert not next(iter(batch_evaluations(events, 4, unbalanced))).passed
+def batch_message(batch_id: int, **changes: Any) -> dict[str, Any]:
+    quality = {**QUALITY, **changes.pop("quality", {})}
+    return {
+        "batch_id": batch_id,
+        "input_rows": 10,
+        "quality": quality,
+        "writes": [
+            {"role": "events", "rows": 7, "skipped": False},
+            {"role": "quarantine", "rows": 2, "skipped": False},
+        ],
+        **changes,
+    }
 
 
-def test_run_results_cover_every_declared_check() -> None:
+def stream_checks() -> StreamChecks:
     spec = spec_with(
         [
             {"name": "known", "rule": "values_in_set", "args": {"column": "status", "values": ["new"]}, "action": "drop"},
@@ -167,18 +170,65 @@ def test_run_results_cover_every_declared_check() -> None:
             {"name": "positive", "expr": "amount > 0", "action": "fail"},
         ]
     )  # fmt: skip
-    events = AssetKey(["silver", "orders_events"])
-    declared = {s.name for s in stream_check_specs(spec, events)}
-    totals = CheckTotals(events)
-    totals.add(0, QUALITY)
-    totals.add(1, {**QUALITY, "rows_in": 11})
-    results = {r.check_name: r for r in run_results(spec, totals)}
-    assert set(results) == declared
-    assert not results["rows_accounted"].passed
-    assert results["rows_accounted"].metadata["unaccounted_batches"].value == [1]
-    assert results["expectation_known"].metadata["failed_rows"].value == 2
-    assert results["expectation_positive"].passed
-    assert results["expectation_positive"].severity == AssetCheckSeverity.ERROR
+    return StreamChecks(spec, AssetKey(["silver", "orders_events"]))
+
+
+def test_stream_checks_declare_one_check_per_expectation_and_the_accounting() -> None:
+    checks = stream_checks()
+    declared = {s.name for s in stream_check_specs(checks.spec, checks.events)}
+    assert declared == {
+        "rows_accounted",
+        "expectation_known",
+        "expectation_domain",
+        "expectation_positive",
+    }
+    assert {r.check_name for r in checks.results()} == declared
+
+
+def test_a_failing_batch_stays_failed_for_the_run_and_changes_are_reported_at_once() -> None:
+    checks = stream_checks()
+    assert checks.add(batch_message(0)) is True  # known failed: a change of status
+    clean = {"expectations": [{**e, "failed": 0} for e in QUALITY["expectations"]]}  # type: ignore[attr-defined]
+    assert checks.add(batch_message(1, quality={**clean, "dropped": 0})) is False
+    evaluations = {e.check_name: e for e in checks.evaluations()}
+    known = evaluations["expectation_known"]
+    assert not known.passed and known.severity == AssetCheckSeverity.WARN  # not hidden by batch 1
+    assert known.metadata["failed_rows"].value == 1
+    assert known.metadata["failed_batches"].value == [0]
+    assert evaluations["rows_accounted"].passed
+    assert evaluations["expectation_positive"].severity == AssetCheckSeverity.ERROR
+    assert checks.metadata()["quality_rows_in"].value == 20
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"input_rows": 11}, "the query read 11 rows, the stage counted 10"),
+        ({"quality": {"rows_in": 11}}, "11 rows in, but 10 events + quarantined + ignored"),
+        ({"writes": [{"role": "events", "rows": 6, "skipped": False}]}, "the events commit added 6 rows, not 7"),
+        ({"writes": [{"role": "quarantine", "rows": 1, "skipped": False}]}, "the quarantine commit added 1 rows"),
+    ],
+)  # fmt: skip
+def test_rows_that_do_not_add_up_fail_the_accounting(changes: dict[str, Any], problem: str) -> None:
+    checks = stream_checks()
+    assert accounting_problems(batch_message(0)) == []
+    message = batch_message(3, **changes)
+    assert any(problem in p for p in accounting_problems(message)), accounting_problems(message)
+    checks.add(message)
+    accounted = next(r for r in checks.results() if r.check_name == "rows_accounted")
+    assert not accounted.passed and accounted.metadata["failed_batches"].value == [3]
+
+
+def test_a_replayed_write_is_not_held_against_the_accounting() -> None:
+    replay = batch_message(2, writes=[{"role": "events", "rows": 0, "skipped": True}])
+    assert accounting_problems(replay) == []
+
+
+def test_a_fail_expectation_that_stopped_the_flow_fails_its_check() -> None:
+    checks = stream_checks()
+    checks.fail_expectation("positive", "flow orders: silver batch 4: ...")
+    positive = next(e for e in checks.evaluations() if e.check_name == "expectation_positive")
+    assert not positive.passed and positive.severity == AssetCheckSeverity.ERROR
 
 
 def test_a_conflux_error_raised_in_a_batch_is_reported_without_the_py4j_traceback() -> None:
@@ -198,3 +248,57 @@ def test_a_conflux_error_raised_in_a_batch_is_reported_without_the_py4j_tracebac
     )
     spark_error = "[DELTA_TABLE_NOT_FOUND] Delta table `x` doesn't exist."
     assert concise_error(spark_error) == spark_error
+
+
+def test_a_table_suite_becomes_the_gx_expectations_it_names() -> None:
+    from datetime import UTC, datetime
+
+    from pipelines.spec import TableSuite
+    from quality.suites import build_suite
+
+    suite = TableSuite.model_validate(
+        {
+            "not_null": ["id", "email"],
+            "unique": ["id"],
+            "values_in_set": {"tier": ["free", "gold"]},
+            "between": {"amount": {"min": 0}},
+            "row_count": {"min": 1},
+            "freshness": {"max_age": "2 hours"},
+        }
+    )
+    built = build_suite("orders", suite, now=datetime(2026, 1, 1, 12, tzinfo=UTC))
+    found = [(e.expectation_type, e.configuration.kwargs) for e in built.expectations]
+    kinds = [kind for kind, _ in found]
+    assert kinds == [
+        "expect_column_values_to_not_be_null",
+        "expect_column_values_to_not_be_null",
+        "expect_column_values_to_be_unique",
+        "expect_column_values_to_be_in_set",
+        "expect_column_values_to_be_between",
+        "expect_table_row_count_to_be_between",
+        "expect_column_max_to_be_between",
+    ]
+    assert found[-1][1]["column"] == "_event_time"
+    assert str(found[-1][1]["min_value"]).startswith("2026-01-01")
+    compound = build_suite("o", TableSuite.model_validate({"unique": ["a", "b"]}))
+    assert [e.expectation_type for e in compound.expectations] == [
+        "expect_compound_columns_to_be_unique"
+    ]
+
+
+def test_a_suite_naming_an_unknown_column_fails_the_spec() -> None:
+    base = {
+        "name": "orders",
+        "source": {"kind": "kafka", "topics": ["orders"]},
+        "target": {"table": "bronze_orders"},
+        "silver": {
+            "format": "json",
+            "schema": "id BIGINT, amount DOUBLE",
+            "current": {"table": "orders", "keys": ["id"], "suite": {"not_null": ["nope"]}},
+        },
+    }
+    with pytest.raises(SpecError, match=r"current\.suite: 'nope' is not a column of the current"):
+        parse_spec(base, "flows/orders.yaml")
+    base["silver"]["current"]["suite"] = {"not_null": ["_sequence"], "row_count": {"min": -1}}  # type: ignore[index]
+    with pytest.raises(SpecError, match=r"row_count\.min"):
+        parse_spec(base, "flows/orders.yaml")

@@ -435,3 +435,17 @@ def test_table_features_become_delta_properties() -> None:
 def test_invalid_maintenance_names_the_field(maintenance: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=rf"^flows/x.yaml: {message}"):
         parse_spec(kafka_spec(maintenance=maintenance), where="flows/x.yaml")
+
+
+def test_the_readme_example_spec_is_valid() -> None:
+    import re
+
+    import yaml
+
+    from pipelines.settings import PROJECT_ROOT
+
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    assert blocks, "README.md has a YAML spec example"
+    for block in blocks:
+        parse_spec(yaml.safe_load(block), "README.md")
