@@ -8,6 +8,8 @@ flow's events asset that becomes:
   the expectation; a failure has severity WARN for ``warn`` and ``drop`` expectations (the
   stream goes on; dropped rows are in the quarantine with the expectation's name) and ERROR for
   ``fail`` ones (the flow stopped before writing the batch);
+* ``schema_changes`` (WARN): records holding a value of another type than declared (a column's
+  type changed upstream) are quarantined with the columns named, and the stream goes on;
 * ``rows_accounted``: every batch's rows are accounted for against what Spark and Delta saw:
   the rows the silver query read (its progress' ``numInputRows``) are the rows the stage
   counted, and the rows the events and quarantine commits added (when not replays) are the
@@ -42,6 +44,7 @@ from pipelines.silver.expectations import QUALITY_COUNTS
 from pipelines.spec import Expectation, FlowSpec
 
 ROWS_ACCOUNTED = "rows_accounted"
+SCHEMA_CHANGES = "schema_changes"
 _ACTIONS = {
     "warn": "failing rows are kept and counted",
     "drop": "failing rows go to the quarantine",
@@ -67,6 +70,12 @@ def stream_check_specs(spec: FlowSpec, events: AssetKey) -> list[AssetCheckSpec]
             asset=events,
             description="Every row each silver batch read is an event written, a quarantined "
             "row or an ignored Debezium tombstone, as Spark's and Delta's own counts show.",
+        ),
+        AssetCheckSpec(
+            name=SCHEMA_CHANGES,
+            asset=events,
+            description="No record holds a value of another type than the spec declares (a "
+            "column's type changed upstream): such records are quarantined and this check warns.",
         ),
         *(
             AssetCheckSpec(
@@ -127,6 +136,9 @@ class StreamChecks:
         self.checks[ROWS_ACCOUNTED] = _Check(
             ROWS_ACCOUNTED, AssetCheckSeverity.ERROR, "rows accounted for"
         )
+        self.checks[SCHEMA_CHANGES] = _Check(
+            SCHEMA_CHANGES, AssetCheckSeverity.WARN, "values of the declared types"
+        )
         for expectation in self.spec.silver.expectations:
             name = expectation_check_name(expectation)
             self.checks[name] = _Check(
@@ -145,6 +157,12 @@ class StreamChecks:
         accounted.last = {"batch_id": batch_id, "problems": problems}
         if problems:
             accounted.failed_batches.append(batch_id)
+        mismatches = int(quality.get("schema_mismatches") or 0)
+        schema = self.checks[SCHEMA_CHANGES]
+        schema.last = {"batch_id": batch_id, "failed_rows": mismatches}
+        schema.failed_rows += mismatches
+        if mismatches:
+            schema.failed_batches.append(batch_id)
         for outcome in quality.get("expectations") or []:
             check = self.checks.get(f"expectation_{outcome['name']}")
             if check is None:  # an expectation the spec no longer has (a spec changed mid-run)
@@ -167,7 +185,7 @@ class StreamChecks:
         failed = {
             f"failed_{name[len('expectation_') :]}": check.failed_rows
             for name, check in self.checks.items()
-            if name != ROWS_ACCOUNTED
+            if name.startswith("expectation_")
         }
         counts = {**self.counts, **failed} if self.batches else {}
         return {f"quality_{name}": MetadataValue.int(value) for name, value in counts.items()}
@@ -187,6 +205,8 @@ class StreamChecks:
     def _description(self, check: _Check) -> str:
         if check.name == ROWS_ACCOUNTED:
             status = "every batch adds up" if check.passed else "batches that do not add up"
+        elif check.name == SCHEMA_CHANGES:
+            status = f"{check.failed_rows} record(s) with a value of another type, quarantined"
         else:
             status = f"{check.failed_rows} row(s) failed"
         return f"run so far: {self.batches} batch(es); {status}"

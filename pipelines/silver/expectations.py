@@ -33,14 +33,17 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from pipelines.silver.parse import IGNORED, REASONS, parsed_event
+from pipelines.silver.parse import IGNORED, REASONS, SCHEMA_MISMATCH, parsed_event
 from pipelines.spec import Expectation
 
 #: Names of the expectations a parsed row failed (empty for a row that passed all, or that did
 #: not parse).
 FAILED = "_failed_expectations"
 #: The row counts of a batch's quality report (:class:`BatchQuality`).
-QUALITY_COUNTS = ("rows_in", "events", "quarantined", "ignored", "passed", "warned", "dropped")
+QUALITY_COUNTS = (
+    "rows_in", "events", "quarantined", "ignored", "passed", "warned", "dropped",
+    "schema_mismatches",
+)  # fmt: skip
 #: A failing row shown in an error is cut to this many characters of JSON.
 SAMPLE_CHARS = 2000
 
@@ -107,6 +110,9 @@ def batch_aggregates(
         F.count_if(event & ~flagged).alias("passed"),
         F.count_if(event & flagged).alias("warned"),
         F.count_if(~event & flagged).alias("dropped"),
+        F.count_if(
+            F.exists(F.col(REASONS), lambda reason: reason.startswith(SCHEMA_MISMATCH))
+        ).alias("schema_mismatches"),
     ]
     sample = F.substring(
         F.to_json(F.struct(*row_columns, "_source_partition", "_source_offset")), 1, SAMPLE_CHARS
@@ -139,7 +145,9 @@ class BatchQuality:
     to the silver writers, a quarantined row (parse failure, missing key, null sequence, a
     ``drop`` expectation) or an ignored Debezium tombstone. Of the events, ``passed`` failed no
     expectation and ``warned`` failed a ``warn`` one; ``dropped`` rows were quarantined by a
-    ``drop`` expectation; ``written`` is ``events`` after the transform (which may filter).
+    ``drop`` expectation; ``schema_mismatches`` of the quarantined rows hold a value of another
+    type than declared (a column's type changed upstream); ``written`` is ``events`` after the
+    transform (which may filter).
     """
 
     rows_in: int
@@ -149,12 +157,9 @@ class BatchQuality:
     passed: int
     warned: int
     dropped: int
+    schema_mismatches: int
     written: int
     expectations: tuple[ExpectationCount, ...] = field(default=())
-
-    @property
-    def balanced(self) -> bool:
-        return self.rows_in == self.events + self.quarantined + self.ignored
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -40,6 +40,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pipelines.spec import QUARANTINE_TABLE_COLUMNS, SilverSpec
 
 REASONS = "_reasons"
+#: How a quarantine reason for a value of another type than declared starts: a non-additive
+#: schema change upstream (a column's type changed) shows as rows with it.
+SCHEMA_MISMATCH = "value does not match the declared schema: "
 #: True for a row that is neither an event nor quarantined: a Debezium tombstone (the delete
 #: happened at its own position), counted so that a batch's rows all add up.
 IGNORED = "_ignored"
@@ -132,7 +135,7 @@ def _parse_failure(text: Column, utf8_ok: Column, parsed: Column, mismatch: Colu
         .when(~F.ltrim(text).startswith("{"), F.lit("value is JSON but not a JSON object"))
         .otherwise(
             F.concat(
-                F.lit("value does not match the declared schema: "),
+                F.lit(SCHEMA_MISMATCH),
                 F.coalesce(mismatch, F.lit("a value of another type")),
             )
         )

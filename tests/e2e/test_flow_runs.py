@@ -232,9 +232,12 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             per_check.setdefault(evaluation.check_name, []).append(evaluation)
         assert set(per_check) == {
             "rows_accounted",
+            "schema_changes",
             "expectation_known_tier",
             "expectation_email_has_at",
         }
+        # bad_records()[:2] (not UTF-8, truncated JSON) are no schema change
+        assert all(e.passed for e in per_check["schema_changes"])
         # every batch's evaluation, then the run's result: the last one holds the totals
         assert all(e.passed for e in per_check["rows_accounted"])
         assert all(e.passed for e in per_check["expectation_email_has_at"])

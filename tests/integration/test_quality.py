@@ -191,6 +191,8 @@ def test_bad_input_corpus_through_a_running_continuous_flow(
     assert sum(r["warned"] for r in reports) == 1
     dropped = [c for c, _, _, reason in CORPUS if reason.startswith("expectation")]
     assert sum(r["dropped"] for r in reports) == len(dropped)
+    # the wrong type is the one non-additive schema change: it warns the schema_changes check
+    assert sum(r["schema_mismatches"] for r in reports) == 1
 
 
 def test_a_fail_expectation_stops_the_flow_and_writes_nothing(

@@ -139,6 +139,7 @@ QUALITY = {
     "passed": 6,
     "warned": 1,
     "dropped": 1,
+    "schema_mismatches": 0,
     "written": 7,
     "expectations": [
         {"name": "known", "action": "drop", "failed": 1, "expectation": "values_in_set(...)"},
@@ -178,6 +179,7 @@ def test_stream_checks_declare_one_check_per_expectation_and_the_accounting() ->
     declared = {s.name for s in stream_check_specs(checks.spec, checks.events)}
     assert declared == {
         "rows_accounted",
+        "schema_changes",
         "expectation_known",
         "expectation_domain",
         "expectation_positive",
@@ -217,6 +219,14 @@ def test_rows_that_do_not_add_up_fail_the_accounting(changes: dict[str, Any], pr
     checks.add(message)
     accounted = next(r for r in checks.results() if r.check_name == "rows_accounted")
     assert not accounted.passed and accounted.metadata["failed_batches"].value == [3]
+
+
+def test_records_of_another_type_warn_the_schema_check() -> None:
+    checks = stream_checks()
+    assert checks.add(batch_message(0, quality={"schema_mismatches": 1})) is True
+    schema = next(e for e in checks.evaluations() if e.check_name == "schema_changes")
+    assert not schema.passed and schema.severity == AssetCheckSeverity.WARN
+    assert schema.metadata["failed_rows"].value == 1
 
 
 def test_a_replayed_write_is_not_held_against_the_accounting() -> None:
