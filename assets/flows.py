@@ -11,6 +11,7 @@ launch from the CLI, another Dagster instance, an in-process ``materialize``.
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 from dagster import (
     AssetExecutionContext,
@@ -105,60 +106,46 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     }
     if silver.chaining == "stream":  # its own query; bronze_batch writes in bronze's checkpoint
         common["checkpoint"] = str(FlowLocations.of(spec, settings).stage_checkpoint("silver"))
+
+    def table_spec(role: str, upstream: AssetKey, description: str, **metadata: Any) -> AssetSpec:
+        return AssetSpec(
+            key=keys[role],
+            deps=[upstream],
+            group_name="silver",
+            kinds={"spark", "delta"},
+            description=description,
+            metadata={**common, "table_path": str(paths[role]), **metadata},
+            tags={"conflux/trigger": spec.trigger.mode},
+            skippable=True,
+        )
+
     parsed = f"{silver.format} payloads of {spec.target.table} parsed to ({silver.schema_ddl})"
-    events = AssetSpec(
-        key=keys["events"],
-        deps=[bronze],
-        group_name="silver",
-        kinds={"spark", "delta"},
-        description=f"Events of flow {spec.name}: {parsed}, append-only, one row per change.",
-        metadata={
-            **common,
-            "table_path": str(paths["events"]),
-            "schema": silver.schema_ddl,
-            "event_time": silver.event_time or "default",
-        },
-        tags={"conflux/trigger": spec.trigger.mode},
-        skippable=True,
-    )
-    quarantine = AssetSpec(
-        key=keys["quarantine"],
-        deps=[bronze],
-        group_name="silver",
-        kinds={"spark", "delta"},
-        description=(
-            f"Quarantine of flow {spec.name}: records of {spec.target.table} that silver could "
-            "not parse, raw bytes and reasons kept."
+    specs = [
+        table_spec(
+            "events",
+            bronze,
+            f"Events of flow {spec.name}: {parsed}, append-only, one row per change.",
+            schema=silver.schema_ddl,
+            event_time=silver.event_time or "default",
         ),
-        metadata={
-            **common,
-            "table_path": str(paths["quarantine"]),
-        },
-        tags={"conflux/trigger": spec.trigger.mode},
-        skippable=True,
-    )
-    specs = [events, quarantine]
+        table_spec(
+            "quarantine",
+            bronze,
+            f"Quarantine of flow {spec.name}: records of {spec.target.table} that silver could "
+            "not parse, raw bytes and reasons kept.",
+        ),
+    ]
     current = silver.current
     if current is not None:
         specs.append(
-            AssetSpec(
-                key=keys["current"],
-                deps=[events.key],
-                group_name="silver",
-                kinds={"spark", "delta"},
-                description=(
-                    f"Current state of flow {spec.name}: one live row per "
-                    f"({', '.join(current.keys)}), the latest by {silver.sequence_expression}."
-                ),
-                metadata={
-                    **common,
-                    "table_path": str(paths["current"]),
-                    "keys": list(current.keys),
-                    "sequence_by": silver.sequence_expression,
-                    "deleted_key_retention": current.deleted_key_retention,
-                },
-                tags={"conflux/trigger": spec.trigger.mode},
-                skippable=True,
+            table_spec(
+                "current",
+                keys["events"],
+                f"Current state of flow {spec.name}: one live row per "
+                f"({', '.join(current.keys)}), the latest by {silver.sequence_expression}.",
+                keys=list(current.keys),
+                sequence_by=silver.sequence_expression,
+                deleted_key_retention=current.deleted_key_retention,
             )
         )
     history = silver.history
@@ -169,26 +156,16 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
             else ""
         )
         specs.append(
-            AssetSpec(
-                key=keys["history"],
-                deps=[events.key],
-                group_name="silver",
-                kinds={"spark", "delta"},
-                description=(
-                    f"History of flow {spec.name} (SCD type 2): every version of each "
-                    f"({', '.join(silver.history_keys)}), valid from/to "
-                    f"{silver.sequence_expression}; a change of {tracked} opens a version."
-                ),
-                metadata={
-                    **common,
-                    "table_path": str(paths["history"]),
-                    "keys": list(silver.history_keys),
-                    "sequence_by": silver.sequence_expression,
-                    "track_history": list(history.track_history),
-                    "track_history_except": list(history.track_history_except),
-                },
-                tags={"conflux/trigger": spec.trigger.mode},
-                skippable=True,
+            table_spec(
+                "history",
+                keys["events"],
+                f"History of flow {spec.name} (SCD type 2): every version of each "
+                f"({', '.join(silver.history_keys)}), valid from/to "
+                f"{silver.sequence_expression}; a change of {tracked} opens a version.",
+                keys=list(silver.history_keys),
+                sequence_by=silver.sequence_expression,
+                track_history=list(history.track_history),
+                track_history_except=list(history.track_history_except),
             )
         )
     return specs

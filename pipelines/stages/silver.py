@@ -370,6 +370,8 @@ class SilverStage:
         row (no aggregate, window, randomness or clock: a replayed batch must be judged alike),
         and the batch's whole evaluation runs (on no rows) without error."""
         expectations = self.silver.expectations
+        if not expectations:
+            return
         for index, expectation in enumerate(expectations):
             where = (
                 f"{self.spec.spec_file}: silver.expectations.{index} ({expectation.name}: "
