@@ -51,9 +51,10 @@ from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
 from pipelines.settings import load_settings
 from pipelines.silver.expectations import QUALITY_COUNTS, failed_expectations
+from pipelines.silver.schema_changes import schema_change_stopped
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
-from quality.checks import StreamChecks
+from quality.checks import RUN_FIRST_BATCH_ID, StreamChecks
 
 
 class RunWorkerGoneError(Exception):
@@ -127,6 +128,9 @@ class ProgressRelay:
     total_batches: int = 0
     total_skipped: int = 0
     version: int | None = None
+    #: The run's first batch that wrote the table: with ``last_batch_id``, the batches of the run
+    #: (a GX suite with ``scope: run`` checks the rows they added).
+    first_batch_id: int | None = None
     latest: dict[str, Any] = field(default_factory=dict)
     latest_write: dict[str, Any] = field(default_factory=dict)
     last_event: float = field(default_factory=time.monotonic)
@@ -144,13 +148,15 @@ class ProgressRelay:
         self.total_skipped += skipped
         if write.get("version") is not None:
             self.version = int(write["version"])
+        if self.first_batch_id is None:
+            self.first_batch_id = int(message["batch_id"])
         self.latest = message
         self.latest_write = write
 
     def add_quality(self, quality: dict[str, Any]) -> None:
         """Sum a silver batch's row counts and expectation failures into the next event (which
         only a batch that wrote the table makes: counts alone are not a materialization)."""
-        counts = {k: quality[k] for k in QUALITY_COUNTS}
+        counts = {k: quality.get(k) or 0 for k in QUALITY_COUNTS}
         for outcome in quality.get("expectations") or []:
             counts[f"failed_{outcome['name']}"] = outcome["failed"]
         for name, value in counts.items():
@@ -177,6 +183,7 @@ class ProgressRelay:
             "replayed_batches": MetadataValue.int(self.pending_skipped),
             "stage": MetadataValue.text(str(latest.get("stage", "bronze"))),
             "last_batch_id": MetadataValue.int(int(latest["batch_id"])),
+            **self._first_batch(),
             "rows_per_second": MetadataValue.float(float(latest["processed_rows_per_second"])),
             "end_offsets": MetadataValue.json(latest.get("end_offsets") or {}),
         }
@@ -186,6 +193,20 @@ class ProgressRelay:
             metadata["lag"] = MetadataValue.int(int(latest["lag"]))
         return metadata
 
+    def _first_batch(self) -> dict[str, Any]:
+        if self.first_batch_id is None:
+            return {}
+        return {RUN_FIRST_BATCH_ID: MetadataValue.int(self.first_batch_id)}
+
+    def batch_range(self) -> dict[str, Any]:
+        """The first and last batch of the run that wrote the table (none: empty)."""
+        if not self.latest:
+            return {}
+        return {
+            **self._first_batch(),
+            "last_batch_id": MetadataValue.int(int(self.latest["batch_id"])),
+        }
+
     def run_metadata(self) -> dict[str, Any]:
         """The whole run's totals for the table (the end-of-run materialization's metadata)."""
         metadata: dict[str, Any] = {
@@ -193,8 +214,7 @@ class ProgressRelay:
             "batches": MetadataValue.int(self.total_batches),
             "replayed_batches": MetadataValue.int(self.total_skipped),
         }
-        if self.latest:
-            metadata["last_batch_id"] = MetadataValue.int(int(self.latest["batch_id"]))
+        metadata.update(self.batch_range())
         if self.version is not None:
             metadata["delta_version"] = MetadataValue.int(self.version)
         return metadata
@@ -262,13 +282,17 @@ class RunMonitor:
                 self.relays[key].add(message, write)
 
     def report_failed_expectations(self) -> None:
-        """A flow stopped by a ``fail`` expectation: that check fails, with the error."""
+        """A flow stopped by a ``fail`` expectation or schema-change policy: that check fails,
+        with the error."""
         for flow, checks in self.checks.items():
             for error in self.errors:
                 names = failed_expectations(error, flow)
                 for name in names:
                     checks.fail_expectation(name, error)
-                if names:
+                schema_change = schema_change_stopped(error, flow)
+                if schema_change:
+                    checks.fail_schema_change(error)
+                if names or schema_change:
                     for evaluation in checks.evaluations():
                         self.context.log_event(evaluation)
 
@@ -417,10 +441,12 @@ def run_flows(
             raw = result.asset_key
             key = AssetKey.from_escaped_user_string(raw) if isinstance(raw, str) else raw
             reported.add(key)
-            if quality.get(key):  # the events table: the run's quality counts beside the child's
+            # The run's batches, and (the events table) its quality counts, beside the child's.
+            extra = {**(relays[key].batch_range() if key in relays else {}), **quality.get(key, {})}
+            if extra:
                 result = MaterializeResult(
                     asset_key=key,
-                    metadata={**(result.metadata or {}), **quality[key]},
+                    metadata={**(result.metadata or {}), **extra},
                     check_results=result.check_results,
                     data_version=result.data_version,
                     tags=result.tags,

@@ -14,6 +14,9 @@ path. The harness side (:func:`run_rules_throughput`) runs this file as a child 
    slower moment of the machine hits each alike;
 3. checks each run's accounting (rows in = events + quarantined) and the dropped count, and
    reports the median seconds per batch, rows/s and the ratio to no rules.
+
+A fourth variant, no rules with ``schema_changes.new_columns: ignore``, prices the look at each
+record's field names that the default schema-change policy (``evolve``) takes.
 """
 
 from __future__ import annotations
@@ -55,7 +58,15 @@ EXPECTATIONS: list[dict[str, Any]] = [
     {"name": "paid_amount", "expr": "status <> 'paid' OR amount > 0", "action": "warn"},
     {"name": "id_range", "rule": "between", "args": {"column": "id", "min": 1}, "action": "drop"},
 ]  # fmt: skip
-VARIANTS = (0, 5, 20)
+#: (label, expectations, silver.schema_changes.new_columns): the default policy (evolve) looks at
+#: every record's field names; ``ignore`` (with json's default missing_columns: allow) does not,
+#: which prices that look.
+VARIANTS: tuple[tuple[str, int, str], ...] = (
+    ("0", 0, "evolve"),
+    ("0-ignore", 0, "ignore"),
+    ("5", 5, "evolve"),
+    ("20", 20, "evolve"),
+)
 
 
 @dataclass(frozen=True)
@@ -94,20 +105,25 @@ def bronze_batch(spark: Any, records: int) -> Any:
     )
 
 
-def stage_for(spark: Any, rules: int) -> Any:
+def stage_for(spark: Any, label: str, rules: int, new_columns: str) -> Any:
     from pipelines.identity import FlowIdentity, write_identity
     from pipelines.locations import FlowLocations
     from pipelines.settings import load_settings
     from pipelines.spec import parse_spec
     from pipelines.stages.silver import SilverStage
 
-    name = f"rules{rules}"
+    name = f"rules{label.replace('-', '_')}"
     spec = parse_spec(
         {
             "name": name,
             "source": {"kind": "kafka", "topics": [name]},
             "target": {"table": f"bronze_{name}"},
-            "silver": {"format": "json", "schema": SCHEMA, "expectations": EXPECTATIONS[:rules]},
+            "silver": {
+                "format": "json",
+                "schema": SCHEMA,
+                "expectations": EXPECTATIONS[:rules],
+                "schema_changes": {"new_columns": new_columns},
+            },
         },
         f"<bench {name}>",
     )
@@ -122,25 +138,27 @@ def stage_for(spark: Any, rules: int) -> Any:
 def measure(spark: Any, plan: Plan) -> dict[str, Any]:
     batch = bronze_batch(spark, plan.records).persist()
     batch.count()
-    stages = {rules: stage_for(spark, rules) for rules in VARIANTS}
-    seconds: dict[int, list[float]] = {rules: [] for rules in VARIANTS}
+    stages = {label: stage_for(spark, label, rules, policy) for label, rules, policy in VARIANTS}
+    expectations = {label: rules for label, rules, _ in VARIANTS}
+    seconds: dict[str, list[float]] = {label: [] for label in stages}
     for stage in stages.values():  # warm-up: the first batch of a session pays for compiling
         stage.write_batch(batch, 0)
     for repeat in range(1, plan.repeats + 1):
-        for rules, stage in stages.items():
+        for label, stage in stages.items():
+            rules = expectations[label]
             started = time.monotonic()
             commit = stage.write_batch(batch, repeat)
-            seconds[rules].append(time.monotonic() - started)
+            seconds[label].append(time.monotonic() - started)
             quality = commit.quality
             if (
                 quality["rows_in"]
                 != quality["events"] + quality["quarantined"] + quality["ignored"]
             ):
-                raise SystemExit(f"{rules} rules: the rows do not add up: {quality}")
+                raise SystemExit(f"{label}: the rows do not add up: {quality}")
             expected_dropped = 0 if rules == 0 else (plan.records + 99) // 100
             if quality["dropped"] != expected_dropped:
                 raise SystemExit(
-                    f"{rules} rules: {quality['dropped']} dropped, expected {expected_dropped}"
+                    f"{label}: {quality['dropped']} dropped, expected {expected_dropped}"
                 )
         say(f"rules_throughput: repeat {repeat}/{plan.repeats} done")
     return {
@@ -169,7 +187,7 @@ def child_main(argv: list[str]) -> int:
 def run_rules_throughput(workdir: Path, jars_dir: Path, plan: Plan) -> Outcome:
     say(
         f"rules_throughput: batches of {plan.records:,} records through silver with "
-        f"{', '.join(map(str, VARIANTS))} expectations, {plan.repeats} repeats; "
+        f"{', '.join(label for label, _, _ in VARIANTS)} expectations, {plan.repeats} repeats; "
         f"log {workdir / 'rules.log'}"
     )
     report = run_plan_child("rules", plan, workdir, jars_dir, RESULT_PREFIX)
@@ -180,13 +198,14 @@ def _rows(report: dict[str, Any]) -> list[Row]:
     records = report["records"]
     base = median(report["seconds"]["0"])
     rows = []
-    for rules in VARIANTS:
-        runs = report["seconds"][str(rules)]
+    for label, rules, new_columns in VARIANTS:
+        runs = report["seconds"][label]
         middle = median(runs)
         rows.append(
             Row(
                 "rules_throughput",
-                f"silver with {rules} expectations: records/s (ratio to 0)",
+                f"silver with {rules} expectations, new_columns: {new_columns}: records/s "
+                "(ratio to 0)",
                 f"{records / middle:,.0f} ({base / middle:.2f}x)",
                 f"batches of {records:,} JSON records, events + quarantine; median of "
                 f"{len(runs)} batches ({min(runs):.2f}-{max(runs):.2f} s)",

@@ -92,6 +92,9 @@ QUARANTINE_TABLE_COLUMNS = (
     "flow", "batch_id", "topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value",
     "reasons", "quarantined_at",
 )  # fmt: skip
+#: The column of every silver table that keeps a record's undeclared fields under
+#: ``silver.schema_changes.new_columns: rescue``.
+RESCUED_DATA_COLUMN = "_rescued_data"
 #: Default ``silver.current.sequence_by`` per format.
 DEFAULT_SEQUENCE_BY = {"debezium": "_source_lsn", "json": "_source_offset"}
 #: Metadata columns that are always null for a format: no sequence over them.
@@ -425,10 +428,19 @@ def _ddl_columns(ddl: str) -> tuple[str, ...]:
             raise _error(f"column {name!r} has no type (e.g. '{name} STRING')")
         if name.lower() in (n.lower() for n in names):
             raise _error(f"column {name!r} appears twice")
-        if name in EVENT_METADATA_COLUMNS or name in CURRENT_METADATA_COLUMNS:
+        if (
+            name in EVENT_METADATA_COLUMNS
+            or name in CURRENT_METADATA_COLUMNS
+            or name == RESCUED_DATA_COLUMN
+        ):
             raise _error(f"column {name!r} clashes with a column silver adds; rename it")
         names.append(name)
     return tuple(names)
+
+
+def ddl_fields(ddl: str) -> list[tuple[str, str]]:
+    """(name, type as written) of each column of a DDL string, without Spark."""
+    return [_name_and_type(part) for part in _split_ddl(ddl) if part]
 
 
 def _ddl_types(ddl: str) -> dict[str, str]:
@@ -526,6 +538,12 @@ class TableSuite(_Model):
     """A Great Expectations suite run on the table as a Dagster asset check (``gx_suite``) after
     the flow's runs, and on demand from the UI (``quality/suites.py``)."""
 
+    scope: Literal["table", "run"] = Field(
+        default="table",
+        description="What the suite validates: the whole `table` at its current version, or the "
+        "rows the latest run that materialized the table added (`run`: events and quarantine "
+        "rows of its batches; current and history rows it updated).",
+    )
     blocking: StrictBool = Field(
         default=False,
         description="A failing suite stops the assets downstream of this table in the same run "
@@ -852,6 +870,40 @@ def _rule_names() -> list[str]:
     return list(RULES)
 
 
+class SchemaChangePolicy(_Model):
+    """What the silver stage does when the records stop matching the declared schema.
+
+    A record is compared with the schema on its top-level fields (for Debezium: the fields of the
+    ``after`` image of a create, update or snapshot read). Additive changes are safe to take in;
+    non-additive ones (a value of another type, a declared column missing: dropped or renamed
+    upstream) would change what a column means, so the affected records go to the quarantine
+    with the change named (and the ``schema_changes`` Dagster check warns) unless ``fail`` is
+    asked for, while the stream goes on.
+    """
+
+    new_columns: Literal["evolve", "rescue", "quarantine", "ignore", "fail"] = Field(
+        default="evolve",
+        description="An undeclared field: `evolve` adds it as a nullable column to the silver "
+        "tables (type inferred from the batch: BIGINT, DOUBLE, BOOLEAN, else STRING holding its "
+        "JSON) and writes the batch with it; `rescue` keeps undeclared fields as a JSON object in "
+        "the `_rescued_data` column; `quarantine` sends the record to the quarantine; `ignore` "
+        "drops the fields (bronze keeps the record); `fail` stops the flow before the batch is "
+        "written. Declare the schema's subset of a wide payload with `ignore`.",
+    )
+    missing_columns: Literal["allow", "quarantine", "fail"] | None = Field(
+        default=None,
+        description="A declared column absent from the record (not null: absent): `allow` reads "
+        "it as null, `quarantine` sends the record to the quarantine (a column dropped or renamed "
+        "upstream), `fail` stops the flow. Default: `quarantine` for debezium (its row images "
+        "carry every column), `allow` for json (optional fields are usually left out).",
+    )
+    type_changes: Literal["quarantine", "fail"] = Field(
+        default="quarantine",
+        description="A value of another type than declared: `quarantine` the record with the "
+        "columns named (the stream goes on), or `fail` the flow before the batch is written.",
+    )
+
+
 class SilverSpec(_Model):
     """Parse the bronze Kafka payloads into typed silver tables."""
 
@@ -914,9 +966,30 @@ class SilverSpec(_Model):
         "or `fail`s the flow.",
     )
 
+    schema_changes: SchemaChangePolicy = Field(
+        default_factory=SchemaChangePolicy,
+        description="What records that no longer match the schema do: new fields evolve the "
+        "tables (or are rescued, quarantined, ignored); changed types and missing columns are "
+        "quarantined with a warning check, or fail the flow.",
+    )
+
     def columns(self) -> tuple[str, ...]:
-        """Column names of :attr:`schema_ddl`, in order."""
+        """Column names of the parsed row, in order: :attr:`schema_ddl`'s, then
+        :data:`RESCUED_DATA_COLUMN` when undeclared fields are rescued."""
+        rescued = (RESCUED_DATA_COLUMN,) if self.schema_changes.new_columns == "rescue" else ()
+        return (*_ddl_columns(self.schema_ddl), *rescued)
+
+    def declared_columns(self) -> tuple[str, ...]:
+        """Column names of :attr:`schema_ddl`: the fields a record is parsed into."""
         return _ddl_columns(self.schema_ddl)
+
+    @property
+    def missing_columns(self) -> str:
+        """``schema_changes.missing_columns``, or the format's default."""
+        declared = self.schema_changes.missing_columns
+        if declared is not None:
+            return declared
+        return "quarantine" if self.format == "debezium" else "allow"
 
     @property
     def sequence_expression(self) -> str:
@@ -948,7 +1021,7 @@ class SilverSpec(_Model):
     def _check(self) -> SilverSpec:
         columns = self.columns()
         known = f"columns of schema: {', '.join(columns)}"
-        if self.event_time is not None and self.event_time not in columns:
+        if self.event_time is not None and self.event_time not in self.declared_columns():
             raise _error(f"{self.event_time!r} is not a column of schema ({known})", "event_time")
         if self.event_time is not None:
             kind = _ddl_types(self.schema_ddl)[self.event_time]

@@ -8,8 +8,11 @@ flow's events asset that becomes:
   the expectation; a failure has severity WARN for ``warn`` and ``drop`` expectations (the
   stream goes on; dropped rows are in the quarantine with the expectation's name) and ERROR for
   ``fail`` ones (the flow stopped before writing the batch);
-* ``schema_changes`` (WARN): records holding a value of another type than declared (a column's
-  type changed upstream) are quarantined with the columns named, and the stream goes on;
+* ``schema_changes`` (WARN): records that changed schema in a way the policy does not take in
+  (``silver.schema_changes``: a value of another type than declared, a declared column missing,
+  undeclared fields under ``new_columns: quarantine``) are quarantined with the change named, and
+  the stream goes on; columns evolved into the tables are listed in its metadata (they pass); a
+  ``fail`` policy that stopped the flow fails it;
 * ``rows_accounted``: every batch's rows are accounted for against what Spark and Delta saw:
   the rows the silver query read (its progress' ``numInputRows``) are the rows the stage
   counted, and the rows the events and quarantine commits added (when not replays) are the
@@ -44,6 +47,9 @@ from pipelines.silver.expectations import QUALITY_COUNTS
 from pipelines.spec import Expectation, FlowSpec
 
 ROWS_ACCOUNTED = "rows_accounted"
+#: Materialization metadata: the first batch of the run that wrote the table (with
+#: ``last_batch_id``, the batches a GX suite with ``scope: run`` checks).
+RUN_FIRST_BATCH_ID = "run_first_batch_id"
 SCHEMA_CHANGES = "schema_changes"
 _ACTIONS = {
     "warn": "failing rows are kept and counted",
@@ -130,6 +136,7 @@ class StreamChecks:
     batches: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     checks: dict[str, _Check] = field(default_factory=dict)
+    columns_added: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.spec.silver is not None
@@ -137,7 +144,7 @@ class StreamChecks:
             ROWS_ACCOUNTED, AssetCheckSeverity.ERROR, "rows accounted for"
         )
         self.checks[SCHEMA_CHANGES] = _Check(
-            SCHEMA_CHANGES, AssetCheckSeverity.WARN, "values of the declared types"
+            SCHEMA_CHANGES, AssetCheckSeverity.WARN, "records match the declared schema"
         )
         for expectation in self.spec.silver.expectations:
             name = expectation_check_name(expectation)
@@ -151,15 +158,17 @@ class StreamChecks:
         batch_id, quality = int(message["batch_id"]), message["quality"]
         self.batches += 1
         for name in QUALITY_COUNTS:
-            self.counts[name] = self.counts.get(name, 0) + int(quality[name])
+            self.counts[name] = self.counts.get(name, 0) + int(quality.get(name) or 0)
         problems = accounting_problems(message)
         accounted = self.checks[ROWS_ACCOUNTED]
         accounted.last = {"batch_id": batch_id, "problems": problems}
         if problems:
             accounted.failed_batches.append(batch_id)
         mismatches = int(quality.get("schema_mismatches") or 0)
+        added = list(quality.get("columns_added") or [])
+        self.columns_added += added
         schema = self.checks[SCHEMA_CHANGES]
-        schema.last = {"batch_id": batch_id, "failed_rows": mismatches}
+        schema.last = {"batch_id": batch_id, "failed_rows": mismatches, "columns_added": added}
         schema.failed_rows += mismatches
         if mismatches:
             schema.failed_batches.append(batch_id)
@@ -173,6 +182,12 @@ class StreamChecks:
             if failed:
                 check.failed_batches.append(batch_id)
         return any(before[name] != check.passed for name, check in self.checks.items())
+
+    def fail_schema_change(self, error: str) -> None:
+        """A ``fail`` schema-change policy stopped the flow (its batch never committed)."""
+        check = self.checks[SCHEMA_CHANGES]
+        check.failed_batches.append(-1)
+        check.last = {"error": error}
 
     def fail_expectation(self, name: str, error: str) -> None:
         """A ``fail`` expectation stopped the flow (its batch never committed: no message)."""
@@ -200,13 +215,17 @@ class StreamChecks:
         if check.name != ROWS_ACCOUNTED:
             metadata["failed_rows"] = MetadataValue.int(check.failed_rows)
             metadata["expectation"] = MetadataValue.text(check.description)
+        if check.name == SCHEMA_CHANGES:
+            metadata["columns_added"] = MetadataValue.json(self.columns_added)
         return metadata
 
     def _description(self, check: _Check) -> str:
         if check.name == ROWS_ACCOUNTED:
             status = "every batch adds up" if check.passed else "batches that do not add up"
         elif check.name == SCHEMA_CHANGES:
-            status = f"{check.failed_rows} record(s) with a value of another type, quarantined"
+            status = f"{check.failed_rows} record(s) quarantined for a schema change"
+            if self.columns_added:
+                status += f"; columns evolved: {', '.join(self.columns_added)}"
         else:
             status = f"{check.failed_rows} row(s) failed"
         return f"run so far: {self.batches} batch(es); {status}"

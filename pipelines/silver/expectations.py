@@ -33,7 +33,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from pipelines.silver.parse import IGNORED, REASONS, SCHEMA_MISMATCH, parsed_event
+from pipelines.silver.parse import IGNORED, REASONS, parsed_event
 from pipelines.spec import Expectation
 
 #: Names of the expectations a parsed row failed (empty for a row that passed all, or that did
@@ -42,7 +42,7 @@ FAILED = "_failed_expectations"
 #: The row counts of a batch's quality report (:class:`BatchQuality`).
 QUALITY_COUNTS = (
     "rows_in", "events", "quarantined", "ignored", "passed", "warned", "dropped",
-    "schema_mismatches",
+    "schema_mismatches", "rescued",
 )  # fmt: skip
 #: A failing row shown in an error is cut to this many characters of JSON.
 SAMPLE_CHARS = 2000
@@ -110,9 +110,6 @@ def batch_aggregates(
         F.count_if(event & ~flagged).alias("passed"),
         F.count_if(event & flagged).alias("warned"),
         F.count_if(~event & flagged).alias("dropped"),
-        F.count_if(
-            F.exists(F.col(REASONS), lambda reason: reason.startswith(SCHEMA_MISMATCH))
-        ).alias("schema_mismatches"),
     ]
     sample = F.substring(
         F.to_json(F.struct(*row_columns, "_source_partition", "_source_offset")), 1, SAMPLE_CHARS
@@ -145,9 +142,11 @@ class BatchQuality:
     to the silver writers, a quarantined row (parse failure, missing key, null sequence, a
     ``drop`` expectation) or an ignored Debezium tombstone. Of the events, ``passed`` failed no
     expectation and ``warned`` failed a ``warn`` one; ``dropped`` rows were quarantined by a
-    ``drop`` expectation; ``schema_mismatches`` of the quarantined rows hold a value of another
-    type than declared (a column's type changed upstream); ``written`` is ``events`` after the
-    transform (which may filter).
+    ``drop`` expectation; ``schema_mismatches`` of the quarantined rows changed schema in a way
+    not taken in (:mod:`pipelines.silver.schema_changes`: a value of another type than declared,
+    a declared column missing, undeclared fields under ``new_columns: quarantine``); ``rescued``
+    events keep undeclared fields in ``_rescued_data``; ``written`` is ``events`` after the
+    transform (which may filter); ``columns_added`` were evolved into the tables by this batch.
     """
 
     rows_in: int
@@ -158,22 +157,30 @@ class BatchQuality:
     warned: int
     dropped: int
     schema_mismatches: int
+    rescued: int
     written: int
     expectations: tuple[ExpectationCount, ...] = field(default=())
+    columns_added: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["expectations"] = [asdict(e) for e in self.expectations]
+        data["columns_added"] = list(self.columns_added)
         return data
 
 
 def batch_quality(
-    counts: Row | Mapping[str, Any], expectations: Sequence[Expectation], written: int
+    counts: Row | Mapping[str, Any],
+    expectations: Sequence[Expectation],
+    written: int,
+    columns_added: Sequence[str] = (),
 ) -> BatchQuality:
-    """:class:`BatchQuality` from the row of :func:`batch_aggregates`."""
+    """:class:`BatchQuality` from the row of :func:`batch_aggregates` (and of
+    :func:`pipelines.silver.schema_changes.aggregates`)."""
     return BatchQuality(
         **{name: int(counts[name]) for name in QUALITY_COUNTS},
         written=written,
+        columns_added=tuple(columns_added),
         expectations=tuple(
             ExpectationCount(e.name, e.action, int(counts[f"failed_{i}"]), e.describe())
             for i, e in enumerate(expectations)

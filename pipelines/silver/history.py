@@ -56,15 +56,23 @@ class HistoryPlan:
     ignore_null_updates: bool = False
 
     @classmethod
-    def of(cls, spec: SilverSpec, row_columns: Sequence[str]) -> HistoryPlan:
-        """The plan for ``spec.history`` over the parsed (and transformed) row's columns."""
+    def of(
+        cls, spec: SilverSpec, row_columns: Sequence[str], untracked: Sequence[str] = ()
+    ) -> HistoryPlan:
+        """The plan for ``spec.history`` over the parsed (and transformed) row's columns.
+
+        ``untracked``: columns kept but never tracked, whatever the spec says: those evolved into
+        the tables (:mod:`pipelines.silver.schema_changes`), so that a new field upstream does not
+        change what a version is (declare it in the schema to track it, with a full refresh).
+        """
         assert spec.history is not None
         keys = spec.history_keys
         values = tuple(c for c in row_columns if c not in keys)
+        tracked = spec.history.tracked_columns(values)
         return cls(
             keys=keys,
             values=values,
-            tracked=spec.history.tracked_columns(values),
+            tracked=tuple(c for c in tracked if c not in untracked),
             ignore_null_updates=spec.history.ignore_null_updates,
         )
 

@@ -26,8 +26,10 @@ the query it runs in.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -77,6 +79,18 @@ from pipelines.silver.refresh import (
     refresh_checkpoint,
     refuse_pending,
 )
+from pipelines.silver.schema_changes import (
+    SchemaChangeError,
+    addable_columns,
+    as_ddl,
+    evolved_columns,
+    inferred_columns,
+    record_evolved,
+    widened,
+    with_record_fields,
+)
+from pipelines.silver.schema_changes import aggregates as schema_aggregates
+from pipelines.silver.schema_changes import failure_message as schema_failure_message
 from pipelines.silver.tables import (
     CHAINING_PROPERTY,
     FORMAT_PROPERTY,
@@ -93,9 +107,10 @@ from pipelines.silver.transform import (
     load_transform,
     materialize,
 )
-from pipelines.spec import FlowSpec, SilverSpec
+from pipelines.spec import RESCUED_DATA_COLUMN, FlowSpec, SilverSpec
 
 STAGE = "silver"
+log = logging.getLogger(__name__)
 _EVENT_METADATA_TYPES = {
     "_op": "string",
     "_event_time": "timestamp",
@@ -179,6 +194,10 @@ class SilverStage:
         self.transform: Transform | None = None
         #: The parsed (and transformed) row's columns, without the metadata: set by designs().
         self.row_columns: tuple[str, ...] = self.silver.columns()
+        #: The schema's columns as the spec declares them (not those evolved since).
+        self.spec_columns = self.silver.declared_columns()
+        #: Undeclared fields already logged as impossible column names.
+        self.skipped_fields: set[str] = set()
 
     def _located(self, live_path: str) -> str:
         """Where this run writes the table at ``live_path``: beside it during a full refresh."""
@@ -289,7 +308,7 @@ class SilverStage:
     ) -> TableDesign:
         history = self.silver.history
         assert history is not None and self.history_path is not None
-        plan = history_state.HistoryPlan.of(self.silver, self.row_columns)
+        plan = self._history_plan()
         return TableDesign(
             role="history",
             table=history.table,
@@ -317,6 +336,10 @@ class SilverStage:
             spec_field="silver.history",
         )
 
+    def _history_plan(self) -> history_state.HistoryPlan:
+        evolved = [c for c in self.silver.declared_columns() if c not in self.spec_columns]
+        return history_state.HistoryPlan.of(self.silver, self.row_columns, evolved)
+
     def _analyse(self, spark: SparkSession) -> tuple[StructType, StructType, str]:
         """(row columns, metadata columns, sequence type) of the events a batch writes: the
         parser's output on an empty batch, through the transform when the spec has one."""
@@ -329,7 +352,7 @@ class SilverStage:
             ),
         )
         try:
-            parsed = parse_batch(empty, silver, 0)
+            parsed = self._parse(empty, 0, judged=False)
             events = events_of(parsed, silver)
         except Exception as exc:  # an AnalysisException names the unknown column or bad syntax
             raise ConfigError(
@@ -345,9 +368,13 @@ class SilverStage:
                 for name in EVENT_METADATA
             )
         )
+        row = ddl_struct(silver.schema_ddl)
+        if RESCUED_DATA_COLUMN in silver.columns():
+            row = row.add(RESCUED_DATA_COLUMN, "string")
         if silver.transform is None:
-            return ddl_struct(silver.schema_ddl), metadata, sequence_type
-        self.transform = load_transform(silver.transform, self.spec.spec_file, spark)
+            return row, metadata, sequence_type
+        if self.transform is None:
+            self.transform = load_transform(silver.transform, self.spec.spec_file, spark)
         output = apply_transform(
             self.transform, silver.transform, events, self.spec.name, "check at start"
         )
@@ -404,8 +431,7 @@ class SilverStage:
                     "such as _ingested_at instead"
                 )
         try:
-            judged = with_expectations(parsed, expectations)
-            judged.agg(*batch_aggregates(expectations, self.silver.columns())).collect()
+            self._count(with_expectations(parsed, expectations))
         except Exception as exc:  # an aggregate or window inside an expression, a bad literal
             raise ConfigError(
                 f"{self.spec.spec_file}: silver.expectations: they cannot be evaluated row by "
@@ -436,6 +462,8 @@ class SilverStage:
         identity = read_identity(self.locations)
         assert identity is not None, "the bronze stage writes the flow's identity first"
         self.identity = identity
+        # Columns evolved by earlier runs are parsed as if declared (and kept in every table).
+        self.silver = widened(self.silver, evolved_columns(spark, self.events_path))
         committed = checkpoint_has_commits(self.checkpoint)
         started = checkpoint_has_offsets(self.checkpoint)
         for design in self.designs(spark):
@@ -450,22 +478,91 @@ class SilverStage:
 
     # -- every batch -------------------------------------------------------------------------
 
+    def _parse(self, bronze_rows: DataFrame, batch_id: int, judged: bool = True) -> DataFrame:
+        """Parse a batch: rows, their schema changes (policy reasons, rescued fields) and (when
+        ``judged``) their expectations, in one projection."""
+        parsed = parse_batch(bronze_rows, self.silver, batch_id)
+        parsed = with_record_fields(parsed, self.silver, self.spec_columns)
+        return with_expectations(parsed, self.silver.expectations) if judged else parsed
+
+    def _count(self, parsed: DataFrame) -> dict[str, Any]:
+        """The batch's one aggregation (see :func:`batch_aggregates` and
+        :func:`pipelines.silver.schema_changes.aggregates`)."""
+        counts = parsed.agg(
+            *batch_aggregates(self.silver.expectations, self.silver.columns()),
+            *schema_aggregates(self.silver),
+        ).first()
+        assert counts is not None
+        return counts.asDict()
+
+    def _evolve(self, parsed: DataFrame, names: list[str], batch_id: int) -> list[str]:
+        """Add the batch's new undeclared fields as columns of the silver tables (see
+        :mod:`pipelines.silver.schema_changes`); the columns added, as ``name TYPE``."""
+        existing = (*self.silver.columns(), *EVENT_METADATA)
+        addable, skipped = addable_columns(names, existing)
+        if skipped and not set(skipped) <= self.skipped_fields:
+            self.skipped_fields |= set(skipped)
+            log.warning(
+                "flow %s: silver batch %d: undeclared fields %s cannot be column names "
+                "(identifiers not starting with _, unlike existing columns): not evolved; bronze "
+                "keeps the records",
+                self.spec.name,
+                batch_id,
+                ", ".join(sorted(skipped)),
+            )
+        if not addable:
+            return []
+        spark = parsed.sparkSession
+        added = inferred_columns(parsed, self.silver, addable)
+        evolved = evolved_columns(spark, self.events_path)
+        # Recorded before any table changes: a crash in between is completed by the next start.
+        record_evolved(spark, self.events_path, ", ".join(filter(None, (evolved, as_ddl(added)))))
+        self.silver = widened(self.silver, as_ddl(added))
+        assert self.identity is not None
+        for design in self.designs(spark):
+            ensure_table(spark, design, self.identity, True, self.spec.spec_file, True)
+        columns = [f"{f.name} {f.dataType.simpleString().upper()}" for f in added]
+        log.warning(
+            "flow %s: silver batch %d: new columns evolved into the silver tables: %s",
+            self.spec.name,
+            batch_id,
+            ", ".join(columns),
+        )
+        return columns
+
     def write_batch(self, bronze_rows: DataFrame, batch_id: int) -> BatchCommit:
         """Parse and write one batch of bronze rows; every write idempotent under ``batch_id``."""
         if self.guard is not None and self.own_query:
             self.guard.check()  # LeaseLostError fails the query before anything is written
-        silver = self.silver
-        expectations = silver.expectations
-        parsed = with_expectations(parse_batch(bronze_rows, silver, batch_id), expectations)
-        parsed = parsed.persist()
+        parsed = self._parse(bronze_rows, batch_id).persist()
         transformed: DataFrame | None = None
+        columns_added: list[str] = []
         try:
-            counts = parsed.agg(*batch_aggregates(expectations, silver.columns())).first()
-            assert counts is not None
+            counts = self._count(parsed)
+            undeclared = list(counts.get("undeclared_columns") or [])
+            if undeclared:
+                columns_added = self._evolve(parsed, undeclared, batch_id)
+                if columns_added:  # parse the batch again, with the new columns
+                    parsed.unpersist()
+                    parsed = self._parse(bronze_rows, batch_id).persist()
+                    counts = self._count(parsed)
+            silver = self.silver
+            expectations = silver.expectations
             failed = failures(counts, expectations)
             if failed:  # before any write: nothing of the batch is committed anywhere
                 raise ExpectationFailedError(
                     failure_message(self.spec.name, self.spec.spec_file, batch_id, failed)
+                )
+            if counts.get("schema_failed"):
+                raise SchemaChangeError(
+                    schema_failure_message(
+                        self.spec.name,
+                        self.spec.spec_file,
+                        batch_id,
+                        int(counts["schema_failed"]),
+                        counts["schema_sample"],
+                        silver,
+                    )
                 )
             events, event_count = events_of(parsed, silver), int(counts["events"])
             has_deletes = counts["deletes"] > 0
@@ -513,7 +610,7 @@ class SilverStage:
                 writes += self._merge(events, batch_id, has_deletes)
             if silver.history is not None and event_count:
                 writes += self._merge_history(events, batch_id)
-            quality = batch_quality(counts, expectations, event_count)
+            quality = batch_quality(counts, expectations, event_count, columns_added)
         finally:
             parsed.unpersist()
             if transformed is not None:
@@ -583,7 +680,7 @@ class SilverStage:
         """
         history = self.silver.history
         assert history is not None and self.history_path is not None
-        plan = history_state.HistoryPlan.of(self.silver, self.row_columns)
+        plan = self._history_plan()
         spark = events.sparkSession
         changes = history_state.history_changes(
             events,

@@ -361,17 +361,39 @@ def expectation_breakers(
     an unknown tier (``known_tier``, action drop: quarantined) and an email without ``@``
     (``email_has_at``, action warn: kept, counted)."""
 
-    def change(key: int, offset: int, **values: Any) -> bytes:
-        event = ChangeEvent(key, "c", lsn + offset, after={**_fixed_row(key), **values})
-        return json.dumps(event.envelope()).encode()
+    return [
+        BadRecord(
+            "unknown-tier", key_bytes(first_id), _created(first_id, lsn, tier="vip"),
+            "expectation known_tier failed",
+        ),
+        BadRecord(
+            "email-without-at", key_bytes(first_id + 1),
+            _created(first_id + 1, lsn + 1, email="n/a"), "",
+        ),
+    ]  # fmt: skip
+
+
+def schema_breakers(first_id: int = 1_200_000_000, lsn: int = 9_200_000_000) -> list[BadRecord]:
+    """Changes as a source whose table changed would send them: one whose ``updated_at`` is no
+    longer a timestamp (a type change: quarantined, the ``schema_changes`` check warns) and one
+    with a column added upstream (``loyalty_points``: evolved into the silver tables)."""
 
     return [
         BadRecord(
-            "unknown-tier", key_bytes(first_id), change(first_id, 0, tier="vip"),
-            "expectation known_tier failed",
+            "type-change", key_bytes(first_id), _created(first_id, lsn, updated_at="last tuesday"),
+            "value does not match the declared schema: after.updated_at (timestamp)",
         ),
-        BadRecord("email-without-at", key_bytes(first_id + 1), change(first_id + 1, 1, email="n/a"), ""),
+        BadRecord(
+            "column-added", key_bytes(first_id + 1),
+            _created(first_id + 1, lsn + 1, loyalty_points=120), "",
+        ),
     ]  # fmt: skip
+
+
+def _created(key: int, lsn: int, **values: Any) -> bytes:
+    """A create of ``key`` at ``lsn`` with a fixed row, ``values`` changed or added."""
+    event = ChangeEvent(key, "c", lsn, after={**_fixed_row(key), **values})
+    return json.dumps(event.envelope()).encode()
 
 
 def _fixed_row(key: int) -> Row:

@@ -111,7 +111,14 @@ def produce_changes(bootstrap: str, delivered: list[cdc_events.ChangeEvent], see
     """Produce the change stream and the bad records, each key to one partition (as Debezium)."""
     partitions = 3
     ensure_topic(bootstrap, CDC_TOPIC, partitions)
-    bad = [b.record() for b in (*cdc_events.bad_records(), *cdc_events.expectation_breakers())]
+    bad = [
+        b.record()
+        for b in (
+            *cdc_events.bad_records(),
+            *cdc_events.expectation_breakers(),
+            *cdc_events.schema_breakers(),
+        )
+    ]
     stream = cdc_events.mix_in(cdc_events.records(delivered), bad, seed)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
     for key, value in stream:

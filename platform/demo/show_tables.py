@@ -14,8 +14,9 @@ from pyspark.sql import functions as F
 
 from pipelines.locations import FlowLocations, silver_table_path
 from pipelines.settings import Settings, load_settings
+from pipelines.silver.schema_changes import evolved_columns
 from pipelines.spark import get_spark_session
-from pipelines.spec import FlowSpec, load_specs
+from pipelines.spec import FlowSpec, ddl_fields, load_specs
 
 
 def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
@@ -33,6 +34,11 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
     events.select(*keys, "_op", "_sequence", "_event_date").orderBy(F.desc("_sequence")).show(
         8, truncate=False
     )
+    evolved = evolved_columns(spark, events_path)
+    if evolved:
+        names = [name for name, _ in ddl_fields(evolved)]
+        print(f"columns evolved into the silver tables from new fields upstream: {evolved}")
+        events.where(F.coalesce(*names).isNotNull()).select(*keys, *names).show(5)
     if silver.current is not None:
         current = silver.current
         path = str(silver_table_path(settings, current.table, current.path))

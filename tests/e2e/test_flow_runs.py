@@ -127,12 +127,16 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         expected_current_state,
         generate_events,
         records,
+        schema_breakers,
     )
     from tests.support.delta_read import read_arrow
 
     delivered = delivery_order(generate_events(200, 11), 11)
     unknown_tier = expectation_breakers()[0]
-    sent = records(delivered) + [b.record() for b in (*bad_records()[:2], unknown_tier)]
+    type_change = schema_breakers()[0]
+    sent = records(delivered) + [
+        b.record() for b in (*bad_records()[:2], unknown_tier, type_change)
+    ]
     create_topic(kafka_broker.bootstrap_servers, "e2e_customers", partitions=1)
     produce(kafka_broker.bootstrap_servers, "e2e_customers", sent)
     spec = {
@@ -150,7 +154,11 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             # deliberately wrong: the customers have four tiers; blocks its downstream asset
             "events": {
                 "table": "silver_e2e_customers_events",
-                "suite": {"blocking": True, "values_in_set": {"tier": ["free"]}},
+                "suite": {
+                    "blocking": True,
+                    "scope": "run",  # the rows this run added
+                    "values_in_set": {"tier": ["free"]},
+                },
             },
             "expectations": [
                 {
@@ -208,6 +216,8 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         assert not failed.passed and failed.severity == AssetCheckSeverity.ERROR
         table = failed.metadata["expectations"].value
         assert "expect_column_values_to_be_in_set" in table and "FAILED" in table, table
+        assert str(failed.metadata["scope"].value).startswith("rows of run "), failed.metadata
+        assert suites[keys["current"]].metadata["scope"].value == "table e2e_customers"
         by_key = {
             e.asset_key: {k: v.value for k, v in e.metadata.items()}
             for e in result.asset_materializations_for_node("flow_e2e_customers")
@@ -218,10 +228,13 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             assert by_key[key]["delta_version"] == table.version(), role
         current = read_arrow(paths["current"], ["id"])  # deletion vectors: QueryBuilder
         assert by_key[keys["bronze"]]["rows_written"] == len(sent)
-        assert by_key[keys["quarantine"]]["rows_written"] == 3
+        assert by_key[keys["quarantine"]]["rows_written"] == 4
         assert sorted(current["id"].to_pylist()) == sorted(expected_current_state(delivered))
         assert by_key[keys["events"]]["quality_dropped"] == 1
         assert by_key[keys["events"]]["quality_rows_in"] == len(sent)
+        # the run-scoped suite judged exactly the events this (first) run wrote
+        events_written = by_key[keys["events"]]["rows_written"]
+        assert suites[keys["events"]].metadata["rows"].value == events_written
 
         evaluations = result.get_asset_check_evaluations()
         per_check: dict[str, list[Any]] = {}
@@ -236,8 +249,13 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             "expectation_known_tier",
             "expectation_email_has_at",
         }
-        # bad_records()[:2] (not UTF-8, truncated JSON) are no schema change
-        assert all(e.passed for e in per_check["schema_changes"])
+        # bad_records()[:2] (not UTF-8, truncated JSON) are no schema change; the type change
+        # is, quarantined while the stream goes on: a warning
+        schema_changes = per_check["schema_changes"]
+        assert not schema_changes[-1].passed
+        assert schema_changes[-1].severity == AssetCheckSeverity.WARN
+        assert schema_changes[-1].metadata["failed_rows"].value == 1
+        assert by_key[keys["events"]]["quality_schema_mismatches"] == 1
         # every batch's evaluation, then the run's result: the last one holds the totals
         assert all(e.passed for e in per_check["rows_accounted"])
         assert all(e.passed for e in per_check["expectation_email_has_at"])

@@ -32,7 +32,7 @@ from pipelines.errors import ConfigError
 from pipelines.locations import table_paths
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
-from pipelines.spec import load_spec
+from pipelines.spec import FlowSpec, load_spec
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.integration.test_source_faults import RecordingReporter, background_flow
 from tests.support.delta_read import read_rows
@@ -273,6 +273,192 @@ def test_an_expectation_that_cannot_judge_rows_alike_is_refused_at_start(
         run_flows([spec], spark_settings, RecordingReporter(), StopRequest(None), spark=spark)
     message = str(refused.value)
     assert "silver.expectations" in message and refusal in message, message
+
+
+def with_policy(flow: dict[str, Any], **policy: str) -> dict[str, Any]:
+    return {**flow, "silver": {**flow["silver"], "schema_changes": policy}}
+
+
+def run_once(
+    specs: list[FlowSpec], settings: Settings, spark: SparkSession
+) -> tuple[int, RecordingReporter]:
+    reporter = RecordingReporter()
+    code = run_flows(specs, settings, reporter, StopRequest(None), "available_now", spark=spark)
+    return code, reporter
+
+
+def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
+    spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A running continuous flow meets, mid-stream, new fields (evolved into the tables), a type
+    change, a dropped and a renamed column (quarantined, named); it keeps running, every batch
+    adds up, and the next start parses the evolved columns again."""
+    topic = "quality_schema"
+    create_topic(kafka_broker.bootstrap_servers, topic, partitions=1)
+    flow = with_policy(
+        quality_flow("quality_schema", topic, [], "continuous"), missing_columns="quarantine"
+    )
+    spec = load_spec(write_spec(tmp_path / "flows", flow))
+    paths = table_paths(spec, spark_settings)
+    renamed = order(15)
+    renamed["mail"] = renamed.pop("email")
+    changes = [
+        order(11, coupon="SPRING", points=5),  # offset 10: new fields
+        order(12, points=7),
+        order(13, amount="12.50 EUR"),  # offset 12: type change
+        {k: v for k, v in order(14).items() if k != "note"},  # offset 13: dropped column
+        renamed,  # offset 14: renamed column
+        *(order(i) for i in range(16, 21)),
+    ]
+
+    def silver_rows_in() -> int:
+        return sum(int(b.quality["rows_in"]) for b in bg.reporter.batches if b.quality)
+
+    with background_flow(spec, spark_settings, spark, tmp_path) as bg:
+        send = [(b"k", encoded(v)) for v in (order(i) for i in range(1, 11))]
+        produce(kafka_broker.bootstrap_servers, topic, send, partition=0)
+        bg.wait_until(lambda: silver_rows_in() >= 10, 180, "silver before the changes")
+        send = [(b"k", encoded(v)) for v in changes]
+        produce(kafka_broker.bootstrap_servers, topic, send, partition=0)
+        bg.wait_until(lambda: silver_rows_in() >= 20, 180, "silver after the changes")
+        assert bg.thread.is_alive(), "the stream stopped on a schema change"
+        assert bg.finish() == EXIT_OK
+
+    reports = [b.quality for b in bg.reporter.batches if b.quality]
+    for report in reports:
+        assert report["rows_in"] == report["events"] + report["quarantined"] + report["ignored"]
+    assert sum(r["schema_mismatches"] for r in reports) == 3
+    assert [c for r in reports for c in r["columns_added"]] == ["coupon STRING", "points BIGINT"]
+
+    quarantined = {r["offset"]: r["reasons"] for r in read_rows(paths["quarantine"])}
+    assert sorted(quarantined) == [12, 13, 14]
+    assert any("declared schema: amount (double)" in r for r in quarantined[12])
+    assert any("missing from the record" in r and r.endswith(": note") for r in quarantined[13])
+    assert any("missing from the record" in r and r.endswith(": email") for r in quarantined[14])
+    events = {r["id"]: r for r in read_rows(paths["events"])}
+    assert sorted(events) == [*range(1, 13), *range(16, 21)]
+    assert (events[11]["coupon"], events[11]["points"]) == ("SPRING", 5)
+    assert (events[12]["coupon"], events[12]["points"]) == (None, 7)
+    assert events[1]["points"] is None  # rows before the change read null
+    current = {r["id"]: r for r in read_rows(paths["current"])}
+    assert current[11]["points"] == 5
+    assert "mail" not in events[1]  # a renamed column's record was quarantined: nothing evolved
+
+    # The next start reads the evolved columns back: no refusal, and they are parsed.
+    produce(
+        kafka_broker.bootstrap_servers, topic, [(b"k", encoded(order(21, points=9)))], partition=0
+    )
+    code, _ = run_once([load_spec(Path(spec.spec_file))], spark_settings, spark)
+    assert code == EXIT_OK
+    assert read_rows(paths["events"], ["points"], "id = 21") == [{"points": 9}]
+
+
+def test_rescue_quarantine_and_fail_policies(
+    spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two flows on one topic, in one application: one rescues undeclared fields into
+    ``_rescued_data`` (values as sent), the other quarantines them; then a type change stops
+    the second (``type_changes: fail``) with nothing written, until its policy says quarantine.
+    A Debezium flow quarantines an image whose column was dropped upstream and evolves an added
+    one."""
+    topic = "quality_policies"
+    create_topic(kafka_broker.bootstrap_servers, topic, partitions=1)
+    folder = tmp_path / "flows"
+    rescue = load_spec(
+        write_spec(
+            folder,
+            with_policy(
+                quality_flow("quality_rescue", topic, [], "available_now"), new_columns="rescue"
+            ),
+        )
+    )
+    strict_flow = with_policy(
+        quality_flow("quality_strict", topic, [], "available_now"),
+        new_columns="quarantine",
+        type_changes="fail",
+    )
+    strict = load_spec(write_spec(folder, strict_flow))
+    values = [*good(1, 2), encoded(order(3, extra=1, nested={"a": [1, "x"]}))]
+    produce(kafka_broker.bootstrap_servers, topic, [(b"k", v) for v in values], partition=0)
+    code, _ = run_once([rescue, strict], spark_settings, spark)
+    assert code == EXIT_OK
+
+    rescue_paths = table_paths(rescue, spark_settings)
+    events = {r["id"]: r["_rescued_data"] for r in read_rows(rescue_paths["events"])}
+    assert events[1] is None and events[2] is None
+    assert json.loads(events[3]) == {"extra": 1, "nested": {"a": [1, "x"]}}
+    current = {r["id"]: r["_rescued_data"] for r in read_rows(rescue_paths["current"])}
+    assert json.loads(current[3]) == {"extra": 1, "nested": {"a": [1, "x"]}}
+    strict_paths = {role: str(p) for role, p in table_paths(strict, spark_settings).items()}
+    quarantined = {r["offset"]: r["reasons"] for r in read_rows(strict_paths["quarantine"])}
+    assert quarantined == {2: ["undeclared columns (schema_changes.new_columns): extra, nested"]}
+
+    def versions() -> dict[str, int]:
+        return {role: DeltaTable(p).version() for role, p in strict_paths.items()}
+
+    before = versions()
+    produce(
+        kafka_broker.bootstrap_servers,
+        topic,
+        [(b"k", encoded(order(4))), (b"k", encoded(order(5, amount="abc")))],
+        partition=0,
+    )
+    code, reporter = run_once([strict], spark_settings, spark)
+    assert code == EXIT_FAILED
+    error = " ".join(reporter.errors)
+    assert "SchemaChangeError" in error and "type_changes: fail" in error, error
+    assert '"_source_offset":4' in error and "amount (double)" in error, error
+    after = versions()
+    assert {r: v for r, v in after.items() if r != "bronze"} == {
+        r: v for r, v in before.items() if r != "bronze"
+    }
+    strict = load_spec(write_spec(folder, with_policy(strict_flow, new_columns="quarantine")))
+    code, _ = run_once([strict], spark_settings, spark)
+    assert code == EXIT_OK
+    quarantined = {r["offset"]: r["reasons"] for r in read_rows(strict_paths["quarantine"])}
+    assert any("amount (double)" in r for r in quarantined[4])
+    assert sorted(r["id"] for r in read_rows(strict_paths["current"], ["id"])) == [1, 2, 4]
+
+    # Debezium: images carry every column, so a missing one was dropped upstream.
+    cdc_topic = "quality_cdc_schema"
+    create_topic(kafka_broker.bootstrap_servers, cdc_topic, partitions=1)
+    cdc = load_spec(
+        write_spec(
+            folder,
+            {
+                "name": "quality_cdc_schema",
+                "source": {"kind": "kafka", "topics": [cdc_topic], "starting_offsets": "earliest"},
+                "target": {"table": "bronze_quality_cdc_schema"},
+                "trigger": {"mode": "available_now"},
+                "silver": {
+                    "format": "debezium",
+                    "schema": "id BIGINT, name STRING, email STRING",
+                    "current": {"table": "quality_cdc_schema_current", "keys": ["id"]},
+                },
+            },
+        )
+    )
+
+    def change(lsn: int, after: dict[str, Any]) -> bytes:
+        source = {"lsn": lsn, "ts_ms": 1_700_000_000_000 + lsn}
+        return encoded({"before": None, "after": after, "op": "c", "source": source})
+
+    records = [
+        change(1, {"id": 1, "name": "a", "email": "a@x"}),
+        change(2, {"id": 2, "name": "b", "email": "b@x", "phone": "555"}),  # column added
+        change(3, {"id": 3, "name": "c"}),  # email dropped upstream
+    ]
+    produce(kafka_broker.bootstrap_servers, cdc_topic, [(b"k", v) for v in records], partition=0)
+    code, _ = run_once([cdc], spark_settings, spark)
+    assert code == EXIT_OK
+    cdc_paths = table_paths(cdc, spark_settings)
+    current = {r["id"]: r for r in read_rows(cdc_paths["current"])}
+    assert sorted(current) == [1, 2] and current[2]["phone"] == "555"
+    assert current[1]["phone"] is None
+    reasons = [r["reasons"] for r in read_rows(cdc_paths["quarantine"])]
+    assert reasons == [
+        ["declared columns missing from the record (dropped or renamed upstream?): email"]
+    ]
 
 
 pytestmark = pytest.mark.timeout(900)

@@ -49,6 +49,7 @@ apply_in_arrival_order = _cdc.apply_in_arrival_order
 records = _cdc.records
 bad_records = _cdc.bad_records
 expectation_breakers = _cdc.expectation_breakers
+schema_breakers = _cdc.schema_breakers
 mix_in = _cdc.mix_in
 key_bytes = _cdc.key_bytes
 partition_for = _cdc.partition_for

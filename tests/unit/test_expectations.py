@@ -140,6 +140,7 @@ QUALITY = {
     "warned": 1,
     "dropped": 1,
     "schema_mismatches": 0,
+    "rescued": 0,
     "written": 7,
     "expectations": [
         {"name": "known", "action": "drop", "failed": 1, "expectation": "values_in_set(...)"},
