@@ -897,6 +897,13 @@ class SchemaChangePolicy(_Model):
         "upstream), `fail` stops the flow. Default: `quarantine` for debezium (its row images "
         "carry every column), `allow` for json (optional fields are usually left out).",
     )
+    max_new_columns: int = Field(
+        default=100,
+        gt=0,
+        description="`evolve` only: at most this many columns evolved into the tables in all; "
+        "a batch that would pass it stops the flow (field names that keep changing are data, "
+        "not columns: rescue or ignore them).",
+    )
     type_changes: Literal["quarantine", "fail"] = Field(
         default="quarantine",
         description="A value of another type than declared: `quarantine` the record with the "

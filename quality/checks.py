@@ -187,6 +187,7 @@ class StreamChecks:
         """A ``fail`` schema-change policy stopped the flow (its batch never committed)."""
         check = self.checks[SCHEMA_CHANGES]
         check.failed_batches.append(-1)
+        check.severity = AssetCheckSeverity.ERROR  # the stream stopped: no longer a warning
         check.last = {"error": error}
 
     def fail_expectation(self, name: str, error: str) -> None:

@@ -140,6 +140,6 @@ def _run_rows(
     started = record.start_time if record is not None else None
     if started is None:
         return frame.limit(0), f"run {run_id[:8]} has no start time"
-    since = datetime.fromtimestamp(started, UTC).replace(tzinfo=None)
-    rows = frame.where(F.col("_updated_at") >= F.lit(since))
+    since = datetime.fromtimestamp(started, UTC)
+    rows = frame.where(F.col("_updated_at") >= F.timestamp_seconds(F.lit(float(started))))
     return rows, f"rows run {run_id[:8]} wrote (_updated_at from {since:%Y-%m-%d %H:%M:%S} UTC)"

@@ -63,6 +63,8 @@ EVENT_METADATA = (
     "_ingested_at",
     "_batch_id",
 )
+#: Columns the parser keeps beside the row's (a record field of these names cannot evolve).
+PARSER_COLUMNS = ("raw_key", "raw_value", REASONS, IGNORED)
 #: The quarantine table's columns, in order.
 QUARANTINE_COLUMNS = QUARANTINE_TABLE_COLUMNS
 _ENVELOPE_FIELDS = ("before", "after", "op", "ts_ms", "source")
@@ -278,6 +280,21 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     )
     frame = frame.withColumn(REASONS, F.concat(F.col(REASONS), _row_reasons(spec)))
     return frame
+
+
+def bronze_rows_of(parsed: DataFrame) -> DataFrame:
+    """The bronze rows a :func:`parse_batch` output came from (bytes and coordinates), so that a
+    cached parsed batch can be parsed again without reading its source a second time (a second
+    read would also count its rows twice in the query's progress)."""
+    return parsed.select(
+        F.col("raw_key").alias("key"),
+        F.col("raw_value").alias("value"),
+        F.col("_source_topic").alias("topic"),
+        F.col("_source_partition").alias("partition"),
+        F.col("_source_offset").alias("offset"),
+        F.col("_source_timestamp").alias("kafka_timestamp"),
+        F.col("_ingested_at").alias("ingested_at"),
+    )
 
 
 def parsed_event() -> Column:

@@ -273,6 +273,15 @@ def _swap(spark: SparkSession, table: SwapTable, app_id: str, batch: int | None)
     }
     assignments = sql_properties(carried)
     spark.sql(f"ALTER TABLE delta.`{table.path}` SET TBLPROPERTIES ({assignments})")
+    # e.g. columns evolved into the old tables that the rebuilt ones do not have
+    live = DeltaTable.forPath(spark, table.path).detail().first()
+    assert live is not None
+    stale = [
+        k for k in (live["properties"] or {}) if k.startswith(_CARRIED_PREFIX) and k not in carried
+    ]
+    if stale:
+        names = ", ".join(f"'{k}'" for k in stale)
+        spark.sql(f"ALTER TABLE delta.`{table.path}` UNSET TBLPROPERTIES IF EXISTS ({names})")
     if batch is None:
         return TableWrite(table.table, table.role, delta_version(spark, table.path), 0, False)
     return committed_write(spark, table.table, table.role, table.path, before, app_id, batch)

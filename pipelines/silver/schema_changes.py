@@ -8,7 +8,8 @@ create, update or snapshot read) with the declared schema, in the same projectio
   tables (see below); ``rescue`` keeps them, as a JSON object with their values as sent, in the
   :data:`~pipelines.spec.RESCUED_DATA_COLUMN` column; ``quarantine`` sends the record to the
   quarantine with :data:`UNDECLARED_COLUMNS` and the names; ``ignore`` drops them (bronze keeps
-  the record; nothing is looked at, nothing costs); ``fail`` stops the flow.
+  the record; with ``missing_columns: allow`` too, nothing is looked at and nothing costs);
+  ``fail`` stops the flow.
 * **missing columns** (``missing_columns``): a declared column absent from the record (absent,
   not null) was dropped or renamed upstream: ``quarantine`` (:data:`MISSING_COLUMNS`), ``allow``
   (null) or ``fail``.
@@ -28,7 +29,12 @@ BOOLEAN, anything else STRING holding the value's JSON), records them in the eve
 next start), adds them to every silver table that keeps all columns (``ALTER TABLE ADD COLUMNS``)
 and parses the batch again. Earlier rows read null in them. The next start reads the property
 back, so the stage keeps parsing them; declaring one in the spec later, with the same type, makes
-it an ordinary column (another type is refused at start, naming the column).
+it an ordinary column (another type is refused at start, naming the column; for a history table
+that tracks all columns, declaring it makes it tracked, which needs a full refresh). History keeps
+evolved columns, and ``_rescued_data``, untracked. A full refresh re-reads bronze from its start:
+records from before a column existed upstream lack it, so with ``missing_columns: quarantine``
+(Debezium's default) declare new columns only with ``missing_columns: allow``, or accept those
+records in the quarantine.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ MISSING_COLUMNS = "declared columns missing from the record (dropped or renamed 
 UNDECLARED_COLUMNS = "undeclared columns (schema_changes.new_columns): "
 #: Parse-time column: the record's undeclared top-level fields (empty when not looked at).
 UNDECLARED = "_undeclared_columns"
+#: A failing record shown in an error is cut to this many characters of JSON.
+SAMPLE_CHARS = 2000
 #: Events-table property: the columns evolved into the silver tables, as DDL.
 EVOLVED_COLUMNS_PROPERTY = "conflux.silver.evolvedColumns"
 _DECIMAL = re.compile(r"^DECIMAL\((\d+),\s*(\d+)\)$")
@@ -185,7 +193,11 @@ def aggregates(spec: SilverSpec) -> list[Column]:
     prefixes = failing_prefixes(spec)
     if prefixes:
         failing = _has_reason(prefixes)
-        sample = F.to_json(F.struct("_source_partition", "_source_offset", F.col(REASONS)))
+        sample = F.substring(
+            F.to_json(F.struct("_source_partition", "_source_offset", F.col(REASONS))),
+            1,
+            SAMPLE_CHARS,
+        )
         columns += [
             F.count_if(failing).alias("schema_failed"),
             F.first(F.when(failing, sample), ignorenulls=True).alias("schema_sample"),

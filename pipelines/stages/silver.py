@@ -67,6 +67,8 @@ from pipelines.silver.expectations import (
 )
 from pipelines.silver.parse import (
     EVENT_METADATA,
+    PARSER_COLUMNS,
+    bronze_rows_of,
     ddl_struct,
     events_of,
     parse_batch,
@@ -337,8 +339,11 @@ class SilverStage:
         )
 
     def _history_plan(self) -> history_state.HistoryPlan:
+        """Evolved columns and rescued fields are kept, not tracked: what arrives undeclared does
+        not change what a version is."""
         evolved = [c for c in self.silver.declared_columns() if c not in self.spec_columns]
-        return history_state.HistoryPlan.of(self.silver, self.row_columns, evolved)
+        untracked = [*evolved, RESCUED_DATA_COLUMN]
+        return history_state.HistoryPlan.of(self.silver, self.row_columns, untracked)
 
     def _analyse(self, spark: SparkSession) -> tuple[StructType, StructType, str]:
         """(row columns, metadata columns, sequence type) of the events a batch writes: the
@@ -495,10 +500,30 @@ class SilverStage:
         assert counts is not None
         return counts.asDict()
 
+    def _raise_failures(self, counts: dict[str, Any], batch_id: int) -> None:
+        """Stop the flow, before anything of the batch is written, when a ``fail`` expectation or
+        a ``fail`` schema-change policy failed on its rows."""
+        failed = failures(counts, self.silver.expectations)
+        if failed:
+            raise ExpectationFailedError(
+                failure_message(self.spec.name, self.spec.spec_file, batch_id, failed)
+            )
+        if counts.get("schema_failed"):
+            raise SchemaChangeError(
+                schema_failure_message(
+                    self.spec.name,
+                    self.spec.spec_file,
+                    batch_id,
+                    int(counts["schema_failed"]),
+                    counts["schema_sample"],
+                    self.silver,
+                )
+            )
+
     def _evolve(self, parsed: DataFrame, names: list[str], batch_id: int) -> list[str]:
         """Add the batch's new undeclared fields as columns of the silver tables (see
         :mod:`pipelines.silver.schema_changes`); the columns added, as ``name TYPE``."""
-        existing = (*self.silver.columns(), *EVENT_METADATA)
+        existing = (*self.silver.columns(), *self.row_columns, *EVENT_METADATA, *PARSER_COLUMNS)
         addable, skipped = addable_columns(names, existing)
         if skipped and not set(skipped) <= self.skipped_fields:
             self.skipped_fields |= set(skipped)
@@ -512,14 +537,32 @@ class SilverStage:
             )
         if not addable:
             return []
+        evolved_so_far = [c for c in self.silver.declared_columns() if c not in self.spec_columns]
+        limit = self.silver.schema_changes.max_new_columns
+        if len(evolved_so_far) + len(addable) > limit:
+            raise SchemaChangeError(
+                f"flow {self.spec.name}: silver batch {batch_id}: {len(addable)} new field(s) "
+                f"({', '.join(addable[:10])}{', ...' if len(addable) > 10 else ''}) would make "
+                f"{len(evolved_so_far) + len(addable)} evolved columns, more than "
+                f"silver.schema_changes.max_new_columns ({limit}) in {self.spec.spec_file}. Field "
+                "names that keep changing are data, not columns: set new_columns to rescue (kept "
+                "as JSON in _rescued_data) or ignore, or raise the limit. Nothing of the batch was "
+                "written. [schema change]"
+            )
         spark = parsed.sparkSession
         added = inferred_columns(parsed, self.silver, addable)
+        before = self.silver
+        self.silver = widened(before, as_ddl(added))
+        try:  # the widened row through the parser, expectations and transform, first
+            designs = self.designs(spark)
+        except Exception:
+            self.silver = before
+            raise
         evolved = evolved_columns(spark, self.events_path)
         # Recorded before any table changes: a crash in between is completed by the next start.
         record_evolved(spark, self.events_path, ", ".join(filter(None, (evolved, as_ddl(added)))))
-        self.silver = widened(self.silver, as_ddl(added))
         assert self.identity is not None
-        for design in self.designs(spark):
+        for design in designs:
             ensure_table(spark, design, self.identity, True, self.spec.spec_file, True)
         columns = [f"{f.name} {f.dataType.simpleString().upper()}" for f in added]
         log.warning(
@@ -539,31 +582,17 @@ class SilverStage:
         columns_added: list[str] = []
         try:
             counts = self._count(parsed)
+            self._raise_failures(counts, batch_id)  # before any write, evolving included
             undeclared = list(counts.get("undeclared_columns") or [])
             if undeclared:
                 columns_added = self._evolve(parsed, undeclared, batch_id)
                 if columns_added:  # parse the batch again, with the new columns
+                    reparsed = self._parse(bronze_rows_of(parsed), batch_id).persist()
+                    counts = self._count(reparsed)  # fills its cache from the cached batch
                     parsed.unpersist()
-                    parsed = self._parse(bronze_rows, batch_id).persist()
-                    counts = self._count(parsed)
+                    parsed = reparsed
             silver = self.silver
             expectations = silver.expectations
-            failed = failures(counts, expectations)
-            if failed:  # before any write: nothing of the batch is committed anywhere
-                raise ExpectationFailedError(
-                    failure_message(self.spec.name, self.spec.spec_file, batch_id, failed)
-                )
-            if counts.get("schema_failed"):
-                raise SchemaChangeError(
-                    schema_failure_message(
-                        self.spec.name,
-                        self.spec.spec_file,
-                        batch_id,
-                        int(counts["schema_failed"]),
-                        counts["schema_sample"],
-                        silver,
-                    )
-                )
             events, event_count = events_of(parsed, silver), int(counts["events"])
             has_deletes = counts["deletes"] > 0
             if self.transform is not None and silver.transform is not None and event_count:

@@ -38,7 +38,8 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
     if evolved:
         names = [name for name, _ in ddl_fields(evolved)]
         print(f"columns evolved into the silver tables from new fields upstream: {evolved}")
-        events.where(F.coalesce(*names).isNotNull()).select(*keys, *names).show(5)
+        seen = F.greatest(*(F.col(name).isNotNull() for name in names), F.lit(False))
+        events.where(seen).select(*keys, *names).show(5)
     if silver.current is not None:
         current = silver.current
         path = str(silver_table_path(settings, current.table, current.path))

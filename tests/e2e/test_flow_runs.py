@@ -121,6 +121,7 @@ def test_a_silver_flow_materializes_every_table_it_writes(
 
     from pipelines.locations import table_paths
     from tests.support.cdc import (
+        ChangeEvent,
         bad_records,
         delivery_order,
         expectation_breakers,
@@ -263,3 +264,39 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         assert len(known_tier) >= 2 and not known_tier[-1].passed
         assert known_tier[-1].severity == AssetCheckSeverity.WARN
         assert known_tier[-1].metadata["failed_rows"].value == 1
+
+        # A second run adds three free-tier customers: the run-scoped suite judges those three
+        # only and passes, though the table as a whole still holds other tiers; downstream runs.
+        free = [
+            ChangeEvent(
+                2_000_000_000 + i,
+                "c",
+                9_300_000_000 + i,
+                after={
+                    "id": 2_000_000_000 + i,
+                    "name": "Free",
+                    "email": f"free{i}@example.com",
+                    "tier": "free",
+                    "updated_at": "2026-01-02T03:04:05.000Z",
+                },
+            ).record()
+            for i in range(3)
+        ]
+        produce(kafka_broker.bootstrap_servers, "e2e_customers", free)
+        again = materialize(
+            assets=[*(defs.assets or []), *(defs.asset_checks or []), report_on_events],
+            selection=[*keys.values(), report_on_events.key],
+            resources=defs.resources,
+            instance=instance,
+            raise_on_error=False,
+        )
+        suite = next(
+            e
+            for e in again.get_asset_check_evaluations()
+            if e.check_name == "gx_suite" and e.asset_key == keys["events"]
+        )
+        assert suite.passed and suite.metadata["rows"].value == 3, suite.metadata
+        assert read_arrow(paths["events"], ["id"]).num_rows > 3
+        assert AssetKey("report_on_events") in {
+            m.asset_key for m in again.get_asset_materialization_events()
+        }

@@ -33,6 +33,7 @@ from pipelines.locations import table_paths
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec
+from quality.checks import accounting_problems
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.integration.test_source_faults import RecordingReporter, background_flow
 from tests.support.delta_read import read_rows
@@ -275,7 +276,7 @@ def test_an_expectation_that_cannot_judge_rows_alike_is_refused_at_start(
     assert "silver.expectations" in message and refusal in message, message
 
 
-def with_policy(flow: dict[str, Any], **policy: str) -> dict[str, Any]:
+def with_policy(flow: dict[str, Any], **policy: Any) -> dict[str, Any]:
     return {**flow, "silver": {**flow["silver"], "schema_changes": policy}}
 
 
@@ -298,6 +299,7 @@ def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
     flow = with_policy(
         quality_flow("quality_schema", topic, [], "continuous"), missing_columns="quarantine"
     )
+    flow["silver"]["history"] = {"table": "quality_schema_history"}  # tracks every column
     spec = load_spec(write_spec(tmp_path / "flows", flow))
     paths = table_paths(spec, spark_settings)
     renamed = order(15)
@@ -324,9 +326,10 @@ def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
         assert bg.thread.is_alive(), "the stream stopped on a schema change"
         assert bg.finish() == EXIT_OK
 
-    reports = [b.quality for b in bg.reporter.batches if b.quality]
-    for report in reports:
-        assert report["rows_in"] == report["events"] + report["quarantined"] + report["ignored"]
+    silver_batches = [b for b in bg.reporter.batches if b.quality]
+    for batch in silver_batches:  # against what Spark read and Delta committed, too
+        assert accounting_problems(batch.to_dict()) == [], batch
+    reports = [b.quality for b in silver_batches]
     assert sum(r["schema_mismatches"] for r in reports) == 3
     assert [c for r in reports for c in r["columns_added"]] == ["coupon STRING", "points BIGINT"]
 
@@ -343,6 +346,10 @@ def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
     current = {r["id"]: r for r in read_rows(paths["current"])}
     assert current[11]["points"] == 5
     assert "mail" not in events[1]  # a renamed column's record was quarantined: nothing evolved
+    # history keeps evolved columns untracked: no version of its own; their values are kept
+    history = read_rows(paths["history"], ["id", "points", "_is_current"])
+    assert len(history) == len(events)  # one version per key (one create each)
+    assert {r["id"]: r["points"] for r in history}[11] == 5
 
     # The next start reads the evolved columns back: no refusal, and they are parsed.
     produce(
@@ -412,12 +419,33 @@ def test_rescue_quarantine_and_fail_policies(
     assert {r: v for r, v in after.items() if r != "bronze"} == {
         r: v for r, v in before.items() if r != "bronze"
     }
-    strict = load_spec(write_spec(folder, with_policy(strict_flow, new_columns="quarantine")))
+    strict = load_spec(
+        write_spec(
+            folder,
+            with_policy(strict_flow, new_columns="quarantine", type_changes="quarantine"),
+        )
+    )
     code, _ = run_once([strict], spark_settings, spark)
     assert code == EXIT_OK
     quarantined = {r["offset"]: r["reasons"] for r in read_rows(strict_paths["quarantine"])}
     assert any("amount (double)" in r for r in quarantined[4])
     assert sorted(r["id"] for r in read_rows(strict_paths["current"], ["id"])) == [1, 2, 4]
+
+    # Field names that keep changing are data: past max_new_columns the flow stops, unchanged.
+    wide = load_spec(
+        write_spec(
+            folder,
+            with_policy(
+                quality_flow("quality_wide", topic, [], "available_now"), max_new_columns=1
+            ),
+        )
+    )
+    code, reporter = run_once([wide], spark_settings, spark)
+    assert code == EXIT_FAILED
+    error = " ".join(reporter.errors)
+    assert "max_new_columns (1)" in error and "(extra, nested)" in error, error
+    wide_events = table_paths(wide, spark_settings)["events"]
+    assert DeltaTable(str(wide_events)).version() == 0  # created at start, never written
 
     # Debezium: images carry every column, so a missing one was dropped upstream.
     cdc_topic = "quality_cdc_schema"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dagster import AssetKey
+from dagster import AssetCheckSeverity, AssetKey
 
 from pipelines.silver.schema_changes import (
     MISSING_COLUMNS,
@@ -135,6 +135,15 @@ def test_the_check_warns_on_quarantined_changes_lists_evolved_columns_and_fails_
     checks.add(batch(1, schema_mismatches=2))
     schema = next(e for e in checks.evaluations() if e.check_name == SCHEMA_CHANGES)
     assert not schema.passed and schema.metadata["failed_rows"].value == 2
+    assert schema.severity == AssetCheckSeverity.WARN  # quarantined: the stream goes on
     checks.fail_schema_change("SchemaChangeError: ...")
     schema = next(e for e in checks.evaluations() if e.check_name == SCHEMA_CHANGES)
     assert schema.metadata["last_batch"].value == {"error": "SchemaChangeError: ..."}
+    assert schema.severity == AssetCheckSeverity.ERROR  # a fail policy stopped the stream
+
+
+def test_a_stop_alone_fails_the_check() -> None:
+    checks = StreamChecks(silver_spec(type_changes="fail"), AssetKey("orders_events"))
+    checks.fail_schema_change("SchemaChangeError: ...")
+    schema = next(e for e in checks.evaluations() if e.check_name == SCHEMA_CHANGES)
+    assert not schema.passed and schema.severity == AssetCheckSeverity.ERROR
