@@ -281,7 +281,7 @@ class RunMonitor:
             if key is not None and key in self.relays:
                 self.relays[key].add(message, write)
 
-    def report_failed_expectations(self) -> None:
+    def report_stops(self) -> None:
         """A flow stopped by a ``fail`` expectation or schema-change policy: that check fails,
         with the error."""
         for flow, checks in self.checks.items():
@@ -427,7 +427,7 @@ def run_flows(
             monitor.poll(session.get_custom_messages(), final=True)
         returncode = application.wait()
         if returncode != 0:
-            monitor.report_failed_expectations()
+            monitor.report_stops()
             raise Failure(
                 description=(
                     f"flows {', '.join(tables)}: the Spark application exited with code "

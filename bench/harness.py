@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,25 @@ def run_python(script: str, args: list[str], env: dict[str, str], log: Path, tim
     with Child([PYTHON, str(BENCH_DIR / script), *args], env, log) as child:
         child.wait_ok(timeout)
         return child.output()
+
+
+def serve_plan_child(
+    argv: list[str], name: str, result_prefix: str, measure: Callable[[Any, dict[str, Any]], Any]
+) -> int:
+    """The child side of :func:`run_plan_child`: read ``--plan``, run ``measure(spark, plan)``
+    in a Spark session of its own and print its JSON result after ``result_prefix``."""
+    import argparse
+
+    from pipelines.spark import get_spark_session
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plan", required=True, help="JSON: the plan's fields")
+    plan = json.loads(parser.parse_args(argv).plan)
+    spark = get_spark_session(f"bench-{name}", ui=False)
+    result = measure(spark, plan)
+    print(result_prefix + json.dumps(result), flush=True)
+    spark.stop()
+    return 0
 
 
 def run_plan_child(

@@ -21,8 +21,6 @@ through the real code path and measures what OPTIMIZE gives back. The harness si
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import Outcome, Row, median, run_plan_child, say
+from bench.harness import Outcome, Row, median, run_plan_child, say, serve_plan_child
 
 RESULT_PREFIX = "bench.optimize "
 LOOKUPS = 5
@@ -177,17 +175,13 @@ def measure(spark: Any, number: int, plan: Plan, deletion_vectors: bool) -> dict
 
 
 def child_main(argv: list[str]) -> int:
-    from pipelines.spark import get_spark_session
+    def measure_all(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
+        plan = Plan(raw["batches"], raw["batch"], raw["reads"], tuple(raw["deletion_vectors"]))
+        return {
+            "results": [measure(spark, n, plan, dv) for n, dv in enumerate(plan.deletion_vectors)]
+        }
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--plan", required=True, help="JSON: Plan's fields")
-    raw = json.loads(parser.parse_args(argv).plan)
-    plan = Plan(raw["batches"], raw["batch"], raw["reads"], tuple(raw["deletion_vectors"]))
-    spark = get_spark_session("bench-optimize", ui=False)
-    results = [measure(spark, n, plan, dv) for n, dv in enumerate(plan.deletion_vectors)]
-    print(RESULT_PREFIX + json.dumps({"results": results}), flush=True)
-    spark.stop()
-    return 0
+    return serve_plan_child(argv, "optimize", RESULT_PREFIX, measure_all)
 
 
 # --------------------------------------------------------------------------- harness side

@@ -21,8 +21,6 @@ record's field names that the default schema-change policy (``evolve``) takes.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import Outcome, Row, median, run_plan_child, say
+from bench.harness import Outcome, Row, median, run_plan_child, say, serve_plan_child
 
 RESULT_PREFIX = "bench.rules "
 SCHEMA = "id BIGINT, amount DOUBLE, status STRING, email STRING, note STRING, created_at TIMESTAMP"
@@ -169,16 +167,9 @@ def measure(spark: Any, plan: Plan) -> dict[str, Any]:
 
 
 def child_main(argv: list[str]) -> int:
-    from pipelines.spark import get_spark_session
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--plan", required=True, help="JSON: Plan's fields")
-    raw = json.loads(parser.parse_args(argv).plan)
-    spark = get_spark_session("bench-rules", ui=False)
-    result = measure(spark, Plan(**raw))
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-    spark.stop()
-    return 0
+    return serve_plan_child(
+        argv, "rules", RESULT_PREFIX, lambda spark, raw: measure(spark, Plan(**raw))
+    )
 
 
 # --------------------------------------------------------------------------- harness side

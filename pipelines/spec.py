@@ -445,7 +445,7 @@ def ddl_fields(ddl: str) -> list[tuple[str, str]]:
 
 def _ddl_types(ddl: str) -> dict[str, str]:
     """Column name -> its type as written (lower case), of a DDL string already checked."""
-    return {name: kind.lower() for name, kind in map(_name_and_type, _split_ddl(ddl))}
+    return {name: kind.lower() for name, kind in ddl_fields(ddl)}
 
 
 def _schema_ddl(value: Any) -> Any:

@@ -46,6 +46,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
+from pipelines.silver.expectations import SAMPLE_CHARS
 from pipelines.silver.parse import REASONS, SCHEMA_MISMATCH, ddl_struct, parsed_event
 from pipelines.spec import IDENTIFIER_RE, RESCUED_DATA_COLUMN, SilverSpec, ddl_fields
 
@@ -56,8 +57,6 @@ MISSING_COLUMNS = "declared columns missing from the record (dropped or renamed 
 UNDECLARED_COLUMNS = "undeclared columns (schema_changes.new_columns): "
 #: Parse-time column: the record's undeclared top-level fields (empty when not looked at).
 UNDECLARED = "_undeclared_columns"
-#: A failing record shown in an error is cut to this many characters of JSON.
-SAMPLE_CHARS = 2000
 #: Events-table property: the columns evolved into the silver tables, as DDL.
 EVOLVED_COLUMNS_PROPERTY = "conflux.silver.evolvedColumns"
 _DECIMAL = re.compile(r"^DECIMAL\((\d+),\s*(\d+)\)$")
@@ -83,8 +82,8 @@ def record_text(spec: SilverSpec, value_text: Column) -> Column:
     )
 
 
-def _declared(spec: SilverSpec) -> Column:
-    return F.array(*(F.lit(name) for name in spec.declared_columns()))
+def _names(names: Iterable[str]) -> Column:
+    return F.array(*(F.lit(name) for name in names))
 
 
 def with_record_fields(
@@ -106,7 +105,7 @@ def with_record_fields(
     else:
         text = record_text(spec, F.col("raw_value").cast("string"))
         keys = F.when(parsed_event(), F.json_object_keys(text))
-        declared = _declared(spec)
+        declared = _names(spec.declared_columns())
         frame = frame.withColumn("_record_keys", keys).withColumn(
             UNDECLARED,
             F.coalesce(
@@ -115,8 +114,7 @@ def with_record_fields(
         )
         reasons: list[Column] = []
         if spec.missing_columns != "allow":
-            wanted = spec.declared_columns() if required is None else required
-            must = F.array(*(F.lit(name) for name in wanted))
+            must = _names(spec.declared_columns() if required is None else required)
             missing = F.filter(must, lambda c: ~F.array_contains(F.col("_record_keys"), c))
             reasons.append(
                 F.when(
@@ -141,8 +139,6 @@ def with_record_fields(
                 RESCUED_DATA_COLUMN, F.when(F.size(F.col(UNDECLARED)) > 0, rescued)
             )
         frame = frame.drop("_record_keys")
-    if spec.schema_changes.new_columns == "rescue" and RESCUED_DATA_COLUMN not in frame.columns:
-        frame = frame.withColumn(RESCUED_DATA_COLUMN, F.lit(None).cast("string"))
     return frame
 
 
@@ -312,6 +308,14 @@ def widened(spec: SilverSpec, ddl: str) -> SilverSpec:
         return spec
     columns = ", ".join(f"`{name}` {kind}" for name, kind in extra)
     return spec.model_copy(update={"schema_ddl": f"{spec.schema_ddl}, {columns}"})
+
+
+def evolved_ddl(spec: SilverSpec, spec_columns: Sequence[str]) -> str:
+    """The columns of ``spec``'s schema that ``spec_columns`` (the spec as written) does not
+    declare: those evolved into it, as DDL."""
+    return ", ".join(
+        f"`{name}` {kind}" for name, kind in ddl_fields(spec.schema_ddl) if name not in spec_columns
+    )
 
 
 def evolved_columns(spark: SparkSession, events_path: str) -> str:

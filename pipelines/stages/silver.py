@@ -86,6 +86,7 @@ from pipelines.silver.schema_changes import (
     addable_columns,
     as_ddl,
     evolved_columns,
+    evolved_ddl,
     inferred_columns,
     record_evolved,
     widened,
@@ -338,11 +339,14 @@ class SilverStage:
             spec_field="silver.history",
         )
 
+    def _evolved(self) -> list[str]:
+        """The columns evolved into the tables (parsed, but not declared by the spec)."""
+        return [c for c in self.silver.declared_columns() if c not in self.spec_columns]
+
     def _history_plan(self) -> history_state.HistoryPlan:
         """Evolved columns and rescued fields are kept, not tracked: what arrives undeclared does
         not change what a version is."""
-        evolved = [c for c in self.silver.declared_columns() if c not in self.spec_columns]
-        untracked = [*evolved, RESCUED_DATA_COLUMN]
+        untracked = [*self._evolved(), RESCUED_DATA_COLUMN]
         return history_state.HistoryPlan.of(self.silver, self.row_columns, untracked)
 
     def _analyse(self, spark: SparkSession) -> tuple[StructType, StructType, str]:
@@ -537,7 +541,7 @@ class SilverStage:
             )
         if not addable:
             return []
-        evolved_so_far = [c for c in self.silver.declared_columns() if c not in self.spec_columns]
+        evolved_so_far = self._evolved()
         limit = self.silver.schema_changes.max_new_columns
         if len(evolved_so_far) + len(addable) > limit:
             raise SchemaChangeError(
@@ -558,9 +562,8 @@ class SilverStage:
         except Exception:
             self.silver = before
             raise
-        evolved = evolved_columns(spark, self.events_path)
         # Recorded before any table changes: a crash in between is completed by the next start.
-        record_evolved(spark, self.events_path, ", ".join(filter(None, (evolved, as_ddl(added)))))
+        record_evolved(spark, self.events_path, evolved_ddl(self.silver, self.spec_columns))
         assert self.identity is not None
         for design in designs:
             ensure_table(spark, design, self.identity, True, self.spec.spec_file, True)
