@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job
 
+from assets.backfills import backfill_asset
 from assets.flows import flow_assets, source_specs
 from assets.keys import flow_asset_keys, flow_table_keys
 from assets.maintenance import maintenance_job, maintenance_schedule
@@ -82,7 +83,11 @@ def build_definitions(
         for check in suite_checks(spec, flow_table_keys(spec), table_paths(spec, settings))
     ]
     return Definitions(
-        assets=[*sources.values(), *(flow_assets(spec, settings) for spec in specs)],
+        assets=[
+            *sources.values(),
+            *(flow_assets(spec, settings) for spec in specs),
+            *(backfill_asset(spec, gold, settings) for spec in specs for gold in spec.gold),
+        ],
         asset_checks=checks,
         jobs=[*jobs, ingest_job, *maintenance.values()],
         schedules=[

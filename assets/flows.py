@@ -171,9 +171,65 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     return specs
 
 
+def gold_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
+    """Per gold table: the table (windowed aggregates of the events) and its late-data table."""
+    keys = flow_table_keys(spec)
+    paths = table_paths(spec, settings)
+    locations = FlowLocations.of(spec, settings)
+    specs = []
+    for gold in spec.gold:
+        window = gold.window.duration + (
+            f" sliding every {gold.window.slide}" if gold.window.slide else ""
+        )
+        common = {
+            "flow": spec.name,
+            "spec_file": spec.spec_file,
+            "trigger": spec.trigger.mode,
+            "event_time": gold.event_time,
+            "allowed_lateness": gold.allowed_lateness,
+            "window": window,
+        }
+        events = keys["events"]
+        by = f" by {', '.join(gold.group_by)}" if gold.group_by else ""
+        specs += [
+            AssetSpec(
+                key=keys[f"gold/{gold.table}"],
+                deps=[events],
+                group_name="gold",
+                kinds={"spark", "delta"},
+                description=gold.description
+                or f"Flow {spec.name}: {', '.join(a.name for a in gold.aggregates)} per "
+                f"{window} window{by} of the events' {gold.event_time}; updated as batches "
+                "commit (open windows included), late rows reconciled by backfills.",
+                metadata={
+                    **common,
+                    "table_path": str(paths[f"gold/{gold.table}"]),
+                    "checkpoint": str(locations.stage_checkpoint(f"gold.{gold.table}")),
+                    "group_by": list(gold.group_by),
+                    "deduplicate": list(gold.deduplicate),
+                },
+                tags={"conflux/trigger": spec.trigger.mode},
+                skippable=True,
+            ),
+            AssetSpec(
+                key=keys[f"late/{gold.table}"],
+                deps=[events],
+                group_name="gold",
+                kinds={"spark", "delta"},
+                description=f"Late rows of gold {gold.table}: events that arrived after their "
+                f"window closed (watermark = newest event time - {gold.allowed_lateness}), with "
+                "the watermark at arrival and the window they missed; never dropped.",
+                metadata={**common, "table_path": str(paths[f"late/{gold.table}"])},
+                tags={"conflux/trigger": spec.trigger.mode},
+                skippable=True,
+            ),
+        ]
+    return specs
+
+
 def flow_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     """Every table of the flow, bronze first: the specs of its multi-asset."""
-    return [bronze_spec(spec, settings), *silver_specs(spec, settings)]
+    return [bronze_spec(spec, settings), *silver_specs(spec, settings), *gold_specs(spec, settings)]
 
 
 def flow_pool(spec: FlowSpec) -> str:

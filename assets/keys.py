@@ -2,12 +2,13 @@
 
 A flow's tables, by role: ``bronze`` (``bronze/<target table>``), and with a ``silver:`` section
 ``events`` (``silver/<events table>``), ``quarantine`` (``quarantine/<quarantine table>``) and,
-if the spec has one, ``current`` (``silver/<current table>``).
+if the spec has one, ``current`` (``silver/<current table>``); per gold table ``gold/<table>``
+(``gold/<table>``) and ``late/<table>`` (``late/<late table>``).
 """
 
 from dagster import AssetKey
 
-from pipelines.spec import FlowSpec
+from pipelines.spec import FlowSpec, role_kind
 
 
 def bronze_key(spec: FlowSpec) -> AssetKey:
@@ -42,12 +43,14 @@ KEY_PREFIX = {
     "current": "silver",
     "history": "silver",
     "quarantine": "quarantine",
+    "gold": "gold",
+    "late": "late",
 }
 
 
 def flow_table_keys(spec: FlowSpec) -> dict[str, AssetKey]:
     """The asset key of each of the flow's tables, by role (bronze first, then silver's)."""
-    return {role: AssetKey([KEY_PREFIX[role], table]) for role, table in spec.tables()}
+    return {role: AssetKey([KEY_PREFIX[role_kind(role)], table]) for role, table in spec.tables()}
 
 
 def flow_asset_keys(spec: FlowSpec) -> list[AssetKey]:

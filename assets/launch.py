@@ -265,7 +265,7 @@ class RunMonitor:
         if message.get("stage", "bronze") == "bronze":
             self.lags[flow] = message.get("lag")
         quality = message.get("quality")
-        if quality and flow in self.checks:
+        if quality and flow in self.checks and message.get("stage") == "silver":
             checks = self.checks[flow]
             changed = checks.add(message)
             due = time.monotonic() - self.last_evaluations >= self.evaluation_interval

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from types import FrameType
 from typing import Any
 
@@ -243,15 +243,17 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec(settings, args.flow)
-    if args.stage == "silver":
+    if args.stage is not None:
         from pipelines.silver.tables import reset_silver
 
-        moved = reset_silver(spec, settings)
+        moved = reset_silver(spec, settings, args.stage)
         for what, where in moved:
             print(f"moved {what} -> {where}")
+        source = "bronze table" if args.stage == "silver" else "silver events table"
         print(
-            f"flow {spec.name}: the silver stage starts over; the next run reads the whole bronze "
-            f"table again into new silver tables ({len(moved)} folders moved aside, nothing deleted)"
+            f"flow {spec.name}: the {args.stage} stage starts over; the next run reads the whole "
+            f"{source} again into new {args.stage} tables ({len(moved)} folders moved aside, "
+            "nothing deleted)"
         )
         return 0
     identity = reset_flow(spec, FlowLocations.of(spec, settings))
@@ -298,6 +300,38 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
+    """Recompute event dates of a gold table from the silver events (late rows included)."""
+    from pyspark.sql import SparkSession
+
+    from pipelines.gold.backfill import backfill
+    from pipelines.spark import get_spark_session
+
+    spec = _spec(settings, args.flow)
+    table = args.table or (spec.gold[0].table if len(spec.gold) == 1 else None)
+    if table is None:
+        tables = ", ".join(g.table for g in spec.gold) or "none"
+        raise ConfigError(f"flow {spec.name}: name the gold table with --table ({tables})")
+    first, last = date.fromisoformat(args.first), date.fromisoformat(args.last or args.first)
+    owned = SparkSession.getActiveSession() is None
+    spark = get_spark_session(f"conflux-backfill-{spec.name}", settings, ui=False)
+    try:
+        result = backfill(spark, spec, settings, table, first, last)
+    finally:
+        if owned:
+            spark.stop()
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(
+            f"flow {spec.name}: gold {table} {first}..{last} recomputed from the silver events: "
+            f"{result.gold_rows} rows reflecting {result.rows_reflected} events, "
+            f"{result.late_rows_covered} late rows reconciled (backfill {result.backfill_id}, "
+            f"version {result.gold_version}; closed until {result.closed_until})"
+        )
+    return 0
+
+
 def cmd_schema(_settings: Settings, _args: argparse.Namespace) -> int:
     print(json.dumps(json_schema(), indent=2))
     return 0
@@ -329,8 +363,9 @@ def parser() -> argparse.ArgumentParser:
     reset.add_argument("flow")
     reset.add_argument(
         "--stage",
-        choices=["silver"],
-        help="only this stage: move its tables and checkpoint aside and rebuild them from bronze",
+        choices=["silver", "gold"],
+        help="only this stage (silver: gold too): move its tables and checkpoints aside; the "
+        "next run rebuilds them from bronze (silver) or the silver events (gold)",
     )
     reset.set_defaults(func=cmd_reset)
     refresh = commands.add_parser(
@@ -350,6 +385,16 @@ def parser() -> argparse.ArgumentParser:
     maintain.add_argument("--no-vacuum", action="store_true", help="skip VACUUM")
     maintain.add_argument("--json", action="store_true", help="machine-readable output")
     maintain.set_defaults(func=cmd_maintain)
+    backfill = commands.add_parser(
+        "backfill",
+        help="recompute closed event dates of a gold table from the silver events (late rows too)",
+    )
+    backfill.add_argument("flow")
+    backfill.add_argument("--table", help="the gold table (default: the flow's only one)")
+    backfill.add_argument("--from", dest="first", required=True, help="first date, YYYY-MM-DD")
+    backfill.add_argument("--to", dest="last", help="last date (default: --from)")
+    backfill.add_argument("--json", action="store_true", help="machine-readable output")
+    backfill.set_defaults(func=cmd_backfill)
     commands.add_parser(
         "schema", help="print the JSON Schema of flow specs (flows/flow.schema.json)"
     ).set_defaults(func=cmd_schema)

@@ -27,19 +27,22 @@ from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 from pipelines.stages import Stage
 from pipelines.stages.bronze import BronzeStage
+from pipelines.stages.gold import gold_stages
 from pipelines.stages.silver import SilverStage
 
 OnCommit = Callable[[BatchCommit], None]
-#: Builds a stage: (spec, settings, lease guard, on commit, full refresh) -> the stage.
-StageBuilder = Callable[[FlowSpec, Settings, LeaseGuard | None, OnCommit, bool], Stage]
-#: Stage kinds in flow order: whether a spec declares the stage, and how to build it.
+#: Builds a kind's stages: (spec, settings, lease guard, on commit, full refresh) -> the stages.
+StageBuilder = Callable[[FlowSpec, Settings, LeaseGuard | None, OnCommit, bool], list[Stage]]
+#: Stage kinds in flow order: whether a spec declares the stage, and how to build its stages
+#: (gold: two queries per gold table).
 STAGE_KINDS: list[tuple[str, Callable[[FlowSpec], bool], StageBuilder]] = [
     (
         "bronze",
         lambda spec: True,
-        lambda spec, st, guard, commit, _refresh: BronzeStage(spec, st, guard, commit),
+        lambda spec, st, guard, commit, _refresh: [BronzeStage(spec, st, guard, commit)],
     ),
-    ("silver", lambda spec: spec.silver is not None, SilverStage),
+    ("silver", lambda spec: spec.silver is not None, lambda *args: [SilverStage(*args)]),
+    ("gold", lambda spec: bool(spec.gold), gold_stages),
 ]
 
 
@@ -58,21 +61,22 @@ class FlowPipeline:
     def __post_init__(self) -> None:
         self.stages = []
         query = self.spec.name
-        for kind, declared, build in STAGE_KINDS:
+        for _kind, declared, build in STAGE_KINDS:
             if not declared(self.spec):
                 continue
             runs_in: dict[str, str] = {}
-            stage = build(
+            built = build(
                 self.spec, self.settings, self.guard, self._recorder(runs_in), self.full_refresh
             )
-            query = stage.query_name if stage.own_query else query
-            runs_in["query"] = query
-            self.stages.append(stage)
-            self.tracker.track(self.spec.name, kind, stage.main_table, stage.tables)
+            for stage in built:
+                query = stage.query_name if stage.own_query else query
+                runs_in[stage.kind] = query
+                self.stages.append(stage)
+                self.tracker.track(self.spec.name, stage.kind, stage.main_table, stage.tables)
 
     def _recorder(self, runs_in: dict[str, str]) -> OnCommit:
-        """Records a stage's commits under the query whose batch it runs in."""
-        return lambda commit: self.tracker.record_commit(commit, runs_in["query"])
+        """Records a stage's commits under the query whose batch it runs in (by stage kind)."""
+        return lambda commit: self.tracker.record_commit(commit, runs_in[commit.stage])
 
     def prepare(self, spark: SparkSession) -> None:
         for stage in self.stages:
@@ -121,6 +125,7 @@ class FlowPipeline:
             head.input_stream(spark)
             .writeStream.queryName(head.query_name)
             .option("checkpointLocation", str(head.checkpoint))
+            .outputMode(head.output_mode)
             .foreachBatch(write)
         )
         if (trigger_mode or self.spec.trigger.mode) == "available_now":

@@ -10,6 +10,8 @@ owns outside its table lives in one folder per flow, ``<checkpoints>/<flow>/``::
     _status.json         the last committed batch, as the runner last reported it
     <table>/             the bronze stage's Spark checkpoint (offsets/, commits/, ...), stored schema
     silver/              the silver stage's Spark checkpoint (when it runs as its own query)
+    gold/<table>/split/  a gold table's late split query (stateless; its Conflux watermark log in
+                         conflux_watermark/), gold/<table>/state/ its stateful query (RocksDB state)
     _archive/            checkpoints of earlier generations, moved aside by `conflux reset`
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 
 from pipelines.lease import FileLeaseStore
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, SpecError
+from pipelines.spec import FlowSpec, SpecError, table_field
 
 
 def resolve(settings: Settings, path: str) -> Path:
@@ -59,7 +61,11 @@ class FlowLocations:
         )
 
     def stage_checkpoint(self, stage: str) -> Path:
-        """The Spark checkpoint of a stage that runs as its own query (bronze: :attr:`checkpoint`)."""
+        """The Spark checkpoint of a stage that runs as its own query (bronze: :attr:`checkpoint`;
+        ``gold.<table>.split`` and ``gold.<table>``: under ``gold/<table>/``)."""
+        if stage.startswith("gold."):
+            table, _, split = stage.removeprefix("gold.").partition(".")
+            return self.flow_dir / "gold" / table / ("split" if split else "state")
         return self.checkpoint if stage == "bronze" else self.flow_dir / stage
 
     @property
@@ -95,6 +101,21 @@ def silver_table_path(settings: Settings, table: str, path: str | None = None) -
     return resolve(settings, path) if path else settings.lake_dir / "silver" / table
 
 
+def gold_table_path(settings: Settings, table: str, path: str | None = None) -> Path:
+    """Where a gold (or late-data) table lives: its spec ``path``, or ``<lake>/gold/<table>``."""
+    return resolve(settings, path) if path else settings.lake_dir / "gold" / table
+
+
+def gold_input_path(gold_table: Path) -> Path:
+    """The on-time rows a gold table's stateful query reads, beside the gold table."""
+    return Path(f"{gold_table}__input")
+
+
+def gold_backfills_path(gold_table: Path) -> Path:
+    """The append-only record of a gold table's backfills (the late rows each covered)."""
+    return Path(f"{gold_table}__backfills")
+
+
 def deleted_keys_path(current_table: Path) -> Path:
     """The deleted-keys side table of a current-state table, beside it."""
     return Path(f"{current_table}__deleted_keys")
@@ -117,6 +138,9 @@ def table_paths(spec: FlowSpec, settings: Settings) -> dict[str, Path]:
             paths["history"] = silver_table_path(
                 settings, silver.history.table, silver.history.path
             )
+    for gold in spec.gold:
+        paths[f"gold/{gold.table}"] = gold_table_path(settings, gold.table, gold.path)
+        paths[f"late/{gold.table}"] = gold_table_path(settings, gold.late.table, gold.late.path)
     return paths
 
 
@@ -129,7 +153,13 @@ def check_distinct_tables(specs: Iterable[FlowSpec], settings: Settings) -> None
             other = seen.get(table)
             if other is not None:
                 other_spec, other_role = other
-                field = "target" if role == "bronze" else f"silver.{role}"
+                field = (
+                    "target"
+                    if role == "bronze"
+                    else table_field(role)
+                    if "/" in role
+                    else f"silver.{role}"
+                )
                 raise SpecError(
                     f"{spec.spec_file}: {field}: flow {spec.name} writes {table} as its {role} "
                     f"table, which flow {other_spec.name} ({other_spec.spec_file}) writes as its "

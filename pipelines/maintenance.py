@@ -58,9 +58,9 @@ from typing import Any, Literal, TypeVar
 
 from pyspark.sql import SparkSession
 
-from pipelines.locations import FlowLocations, deleted_keys_path, table_paths
+from pipelines.locations import FlowLocations, deleted_keys_path, gold_input_path, table_paths
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, SilverTable
+from pipelines.spec import FlowSpec, SilverTable, role_kind
 
 #: Added to the age of the oldest version a stream still reads: covers the time between the
 #: computation and VACUUM's own clock reading, and clock skew between the stream's host and ours.
@@ -145,9 +145,18 @@ def flow_tables(spec: FlowSpec, settings: Settings) -> list[MaintainedTable]:
     tables = []
     for role, path in table_paths(spec, settings).items():
         table_spec = table_specs.get(role)
-        spec_field = "target" if role == "bronze" else f"silver.{role}"
+        spec_field = (
+            "target" if role == "bronze" else f"silver.{role}" if "/" not in role else "gold"
+        )
         z_order = table_spec.z_order_by if table_spec is not None else ()
         tables.append(MaintainedTable(role, names[role], path, spec_field, z_order))
+        if role_kind(role) == "gold":  # the on-time rows its stateful query reads
+            name = role.split("/", 1)[1]
+            tables.append(
+                MaintainedTable(
+                    f"gold_input/{name}", f"{name}__input", gold_input_path(path), "gold"
+                )
+            )
         if role == "current":  # its side table holds keys and sequences: no Z-order of its own
             side = deleted_keys_path(path)
             name = f"{names[role]}__deleted_keys"
@@ -170,10 +179,22 @@ def stream_readers(spec: FlowSpec, settings: Settings) -> list[StreamReader]:
     ``chaining: bronze_batch`` writes silver inside bronze's micro-batch: no stream reads bronze.
     """
     silver = spec.silver
-    if silver is None or silver.chaining != "stream":
-        return []
-    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint("silver")
-    return [StreamReader(f"{spec.name}.silver", "bronze", checkpoint)]
+    locations = FlowLocations.of(spec, settings)
+    readers = []
+    if silver is not None and silver.chaining == "stream":
+        checkpoint = locations.stage_checkpoint("silver")
+        readers.append(StreamReader(f"{spec.name}.silver", "bronze", checkpoint))
+    for gold in spec.gold:
+        split, state = f"gold.{gold.table}.split", f"gold.{gold.table}"
+        readers += [
+            StreamReader(f"{spec.name}.{split}", "events", locations.stage_checkpoint(split)),
+            StreamReader(
+                f"{spec.name}.{state}",
+                f"gold_input/{gold.table}",
+                locations.stage_checkpoint(state),
+            ),
+        ]
+    return readers
 
 
 # --- how long to keep removed files ---------------------------------------------------------------

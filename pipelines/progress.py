@@ -43,6 +43,9 @@ class BatchProgress:
     #: Silver: where the batch's rows went and each expectation's failures
     #: (:class:`pipelines.silver.expectations.BatchQuality`).
     quality: dict[str, Any] | None = None
+    #: Stateful queries (gold): the batch's watermark and per state operator its rows, memory,
+    #: state-store commit time and rows dropped by the watermark (:func:`state_of`).
+    state: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,6 +112,45 @@ class BatchCommit:
 def query_name(flow: str, stage: str) -> str:
     """The streaming query of a flow's stage: ``<flow>`` for bronze, ``<flow>.<stage>`` after it."""
     return flow if stage == "bronze" else f"{flow}.{stage}"
+
+
+#: Of a state operator's custom metrics, those a user reads (RocksDB's size on disk and commit
+#: latencies, deduplication's dropped rows); the rest are RocksDB internals.
+STATE_METRICS = (
+    "rocksdbSstFileSize",
+    "rocksdbTotalBytesWritten",
+    "rocksdbCommitFileSyncLatencyMs",
+    "rocksdbLoadLatencyMs",
+    "numDroppedDuplicateRows",
+)
+
+
+def state_of(progress: Any) -> dict[str, Any] | None:
+    """The state of a stateful query's batch, from Spark's progress (None for stateless ones)."""
+    operators = list(progress.stateOperators or [])
+    if not operators:
+        return None
+    return {
+        "watermark": (progress.eventTime or {}).get("watermark"),
+        "rows_total": sum(int(o.numRowsTotal) for o in operators),
+        "memory_bytes": sum(int(o.memoryUsedBytes) for o in operators),
+        "commit_ms": sum(int(o.commitTimeMs) for o in operators),
+        "rows_dropped_by_watermark": sum(int(o.numRowsDroppedByWatermark) for o in operators),
+        "operators": [
+            {
+                "operator": o.operatorName,
+                "rows_total": int(o.numRowsTotal),
+                "rows_updated": int(o.numRowsUpdated),
+                "memory_bytes": int(o.memoryUsedBytes),
+                "commit_ms": int(o.commitTimeMs),
+                "rows_dropped_by_watermark": int(o.numRowsDroppedByWatermark),
+                "custom": {
+                    k: int(v) for k, v in (o.customMetrics or {}).items() if k in STATE_METRICS
+                },
+            }
+            for o in operators
+        ],
+    }
 
 
 class ProgressSink(Protocol):
@@ -261,6 +303,7 @@ class ProgressTracker(StreamingQueryListener):
             timestamp=str(progress.timestamp),
             writes=[w.to_dict() for w in commit.writes] if commit else [],
             quality=commit.quality if commit else None,
+            state=state_of(progress),
         )
 
     def wait_for_batch(self, query: str, batch_id: int, timeout: float = 15.0) -> None:

@@ -37,6 +37,15 @@ LOOPBACK_DRIVER: Mapping[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
 }
+#: Stateful queries (gold) keep their state in RocksDB, off the JVM heap, and checkpoint only the
+#: changes of each batch (changelog checkpointing) instead of a snapshot of every state store.
+#: Recorded in a query's checkpoint at its first start; stateless queries ignore it.
+STATE_STORE_CONF: Mapping[str, str] = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
 DELTA_CONF: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -52,6 +61,7 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
     jars = require_jars(settings.spark_jars_dir, "Spark (Delta + Kafka connector)")
     conf: dict[str, str] = {
         **SMALL_MACHINE_DEFAULTS,
+        **STATE_STORE_CONF,
         **DELTA_CONF,
         "spark.master": settings.spark_master,
         "spark.jars": ",".join(str(j) for j in jars),

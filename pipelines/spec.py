@@ -1193,6 +1193,174 @@ class MaintenanceSpec(_Model):
         return retention
 
 
+# --- gold ---------------------------------------------------------------------------------------
+
+#: A window length, a lateness or a skew: whole units, seconds to days.
+DURATION_RE = RETENTION_RE
+#: ``gold[].aggregates[].function`` -> whether it needs a column.
+AGGREGATE_FUNCTIONS = {
+    "count": False,
+    "sum": True,
+    "min": True,
+    "max": True,
+    "avg": True,
+    "approx_count_distinct": True,
+}
+#: Columns every gold table has besides its group keys and aggregates.
+GOLD_METADATA_COLUMNS = ("window_start", "window_end", "_rows", "_event_date", "_updated_at")
+#: Columns of the silver events a gold stage may read besides the schema's.
+GOLD_INPUT_METADATA = ("_event_time", "_op", "_source_topic", "_source_partition", "_source_offset")
+_DURATION_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds in a spec duration such as ``10 minutes`` (validated by :data:`DURATION_RE`)."""
+    match = re.match(r"^(\d+)\s*(second|minute|hour|day)s?$", text)
+    assert match is not None, f"not a duration: {text!r}"
+    return int(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def _duration(value: str) -> str:
+    if not DURATION_RE.match(value):
+        raise _error(f"{value!r} is not a duration such as '10 minutes' (seconds to days)")
+    return value
+
+
+Duration = Annotated[StrictStr, AfterValidator(_duration), _string(DURATION_RE)]
+
+
+class WindowSpec(_Model):
+    """An event-time window: tumbling (``duration`` alone) or sliding (``slide`` too)."""
+
+    duration: Duration = Field(description="Length of each window, e.g. `10 minutes`.")
+    slide: Duration | None = Field(
+        default=None,
+        description="Sliding windows: a new window starts every `slide` (shorter than "
+        "`duration`, dividing it); default: tumbling windows (slide = duration).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> WindowSpec:
+        if self.slide is not None:
+            length, slide = duration_seconds(self.duration), duration_seconds(self.slide)
+            if slide > length or length % slide:
+                raise _error(
+                    f"{self.slide!r} must divide the window's duration {self.duration!r}", "slide"
+                )
+        return self
+
+    @property
+    def slide_seconds(self) -> int:
+        return duration_seconds(self.slide or self.duration)
+
+
+class Aggregate(_Model):
+    """One aggregate column of a gold table."""
+
+    name: Identifier = Field(description="Name of the column in the gold table.")
+    function: Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"] = Field(
+        description="The aggregate function: count (rows, or non-null values of `column`), sum, "
+        "min, max, avg, approx_count_distinct."
+    )
+    column: Identifier | None = Field(
+        default=None, description="The input column (a column of the silver events)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Aggregate:
+        if AGGREGATE_FUNCTIONS[self.function] and self.column is None:
+            raise _error(f"{self.function} needs a column", "column")
+        return self
+
+
+class LateTable(_Model):
+    """The late-data table of a gold stage."""
+
+    table: Identifier = Field(description="Name of the table.")
+    path: LocalPath | None = Field(
+        default=None, description="Location of the table; default: `<lake>/gold/<table>`."
+    )
+
+
+class GoldSpec(SilverTable):
+    """A gold table: windowed aggregates of the flow's silver events by event time, kept up to
+    date by a stateful stream (RocksDB state), with late rows captured instead of dropped."""
+
+    model_config = ConfigDict(
+        json_schema_extra=lambda schema: schema.update(
+            required=[k for k in schema.get("required", []) if k != "late"]
+        )
+    )
+
+    description: StrictStr = Field(default="", description="What the table holds, for people.")
+    event_time: Identifier = Field(
+        default="_event_time",
+        description="The event-time column of the silver events (a TIMESTAMP); default: the "
+        "events' `_event_time`.",
+    )
+    allowed_lateness: Duration = Field(
+        description="How far behind the newest event time an event may arrive and still count: "
+        "the watermark is max(event time) - allowed_lateness; a row whose window closed under "
+        "it goes to the late-data table."
+    )
+    max_future_skew: Duration = Field(
+        default="1 hour",
+        description="An event time later than its ingestion time plus this is quarantined (it "
+        "would push the watermark and make every other row late).",
+    )
+    window: WindowSpec = Field(description="The event-time window of each aggregate row.")
+    group_by: tuple[Identifier, ...] = Field(
+        default=(), description="Group keys besides the window (columns of the silver events)."
+    )
+    aggregates: tuple[Aggregate, ...] = Field(
+        min_length=1, description="The aggregate columns (a row count `_rows` is always kept)."
+    )
+    deduplicate: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Drop an event whose values of these columns an earlier event of the "
+        "watermark's span had (Spark's dropDuplicatesWithinWatermark); then a row is late when "
+        "its event time is not above the watermark.",
+    )
+    late: LateTable = Field(
+        description="Where late rows go; default table: `<table>_late`.",
+    )
+    partitions_start: date = Field(
+        default=date(2025, 1, 1),
+        description="The first event date of the gold table's daily partitions (backfills).",
+    )
+
+    @classmethod
+    def _prepare(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        table = data.get("table")
+        if data.get("late") is None and isinstance(table, str) and IDENTIFIER_RE.match(table):
+            data["late"] = {"table": f"{table}_late"}
+        return data
+
+    @model_validator(mode="after")
+    def _check_gold(self) -> GoldSpec:
+        names = [a.name for a in self.aggregates]
+        for column in (*self.group_by, *names):
+            if column in GOLD_METADATA_COLUMNS:
+                raise _error(f"{column!r} is a column gold keeps itself; choose another name")
+        for index, name in enumerate(names):
+            if name in names[:index] or name in self.group_by:
+                raise _error(f"{name!r} is already a column of the table", f"aggregates.{index}")
+        return self
+
+    def input_columns(self) -> tuple[str, ...]:
+        """The silver events' columns the stage reads (besides the event time)."""
+        wanted = [
+            *self.group_by,
+            *(a.column for a in self.aggregates if a.column),
+            *self.deduplicate,
+        ]
+        return tuple(dict.fromkeys(c for c in wanted if c is not None))
+
+    def table_columns(self) -> tuple[str, ...]:
+        return ("window_start", "window_end", *self.group_by, *(a.name for a in self.aggregates),
+                "_rows", "_event_date", "_updated_at")  # fmt: skip
+
+
 # --- the flow -------------------------------------------------------------------------------------
 
 #: The spec field naming each role's table, for errors.
@@ -1202,7 +1370,19 @@ _TABLE_FIELDS = {
     "quarantine": "silver.quarantine.table",
     "current": "silver.current.table",
     "history": "silver.history.table",
+    "gold": "gold.table",
+    "late": "gold.late.table",
 }
+
+
+def role_kind(role: str) -> str:
+    """The kind of a table role: ``gold/<table>`` and ``late/<table>`` are one per gold table."""
+    return role.split("/", 1)[0]
+
+
+def table_field(role: str) -> str:
+    """The spec field naming a role's table, for errors."""
+    return _TABLE_FIELDS[role_kind(role)]
 
 
 class FlowSpec(_Model):
@@ -1221,6 +1401,11 @@ class FlowSpec(_Model):
     )
     silver: SilverSpec | None = Field(
         default=None, description="Parse the payloads into silver tables (Kafka sources only)."
+    )
+    gold: tuple[GoldSpec, ...] = Field(
+        default=(),
+        description="Gold tables: windowed aggregates of the silver events by event time "
+        "(needs `silver`).",
     )
     maintenance: MaintenanceSpec = Field(
         default=MaintenanceSpec(),
@@ -1260,10 +1445,30 @@ class FlowSpec(_Model):
                 raise _error(
                     f"{table!r} is already the {seen[table]} table; give each table of a flow "
                     "its own name",
-                    _TABLE_FIELDS[role] + (".table" if role == "bronze" else ""),
+                    table_field(role) + (".table" if role == "bronze" else ""),
                 )
             seen[table] = role
+        for index, gold in enumerate(self.gold):
+            self._check_gold(gold, f"gold.{index}")
         return self
+
+    def _check_gold(self, gold: GoldSpec, field: str) -> None:
+        silver = self.silver
+        if silver is None:
+            raise _error("gold reads the silver events: declare a silver stage", field)
+        if silver.transform is not None:
+            return  # the transform may add columns: the stage finds out at start
+        types = {**_ddl_types(silver.schema_ddl), "_event_time": "timestamp"}
+        known = f"columns of the events: {', '.join(types)}, {', '.join(GOLD_INPUT_METADATA)}"
+        for column in (*gold.input_columns(), gold.event_time):
+            if column not in types and column not in GOLD_INPUT_METADATA:
+                raise _error(f"{column!r} is not one of the {known}", field)
+        if not types.get(gold.event_time, "").startswith(("timestamp", "date")):
+            raise _error(
+                f"{gold.event_time!r} is {types.get(gold.event_time)}; the event time must be a "
+                "TIMESTAMP column",
+                f"{field}.event_time",
+            )
 
     def tables(self) -> list[tuple[str, str]]:
         """``(role, table)`` of every table the flow writes: bronze, then silver's if any."""
@@ -1275,6 +1480,8 @@ class FlowSpec(_Model):
                 tables += [("current", self.silver.current.table)]
             if self.silver.history is not None:
                 tables += [("history", self.silver.history.table)]
+        for gold in self.gold:
+            tables += [(f"gold/{gold.table}", gold.table), (f"late/{gold.table}", gold.late.table)]
         return tables
 
 
@@ -1306,7 +1513,7 @@ def load_specs(folder: Path) -> list[FlowSpec]:
         for role, table in spec.tables():
             if table in tables:
                 raise SpecError(
-                    f"{spec.spec_file}: {_TABLE_FIELDS[role]}: {table!r} is already used by "
+                    f"{spec.spec_file}: {table_field(role)}: {table!r} is already used by "
                     f"{tables[table]}"
                 )
             tables[table] = spec.spec_file
@@ -1359,7 +1566,7 @@ def _field_path(loc: tuple[int | str, ...]) -> list[str]:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
-            if parts[-1:] == ["expectations"]:
+            if parts[-1:] in (["expectations"], ["gold"], ["aggregates"]):
                 parts.append(str(item))
             continue
         if parts == ["source"] and item in SOURCE_KINDS:

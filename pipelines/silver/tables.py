@@ -34,9 +34,15 @@ from pipelines.identity import (
     IdentityError,
 )
 from pipelines.lease import FlowLease, new_owner_id, owner_details
-from pipelines.locations import FlowLocations, deleted_keys_path, table_paths
+from pipelines.locations import (
+    FlowLocations,
+    deleted_keys_path,
+    gold_backfills_path,
+    gold_input_path,
+    table_paths,
+)
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec
+from pipelines.spec import FlowSpec, role_kind
 
 FORMAT_PROPERTY = "conflux.silver.format"
 KEYS_PROPERTY = "conflux.silver.keys"
@@ -65,6 +71,10 @@ class TableDesign:
     stated_properties: Mapping[str, str] = field(default_factory=dict)
     #: The spec field a user edits to change this table, for messages.
     spec_field: str = "silver"
+    #: How to rebuild the table, for messages (default: silver's refresh or reset).
+    rebuild: str | None = None
+    #: The stage whose checkpoint the table's writes follow, for messages.
+    stage: str = "silver"
 
 
 def _sql_string(value: str) -> str:
@@ -117,7 +127,7 @@ def check_table(
     Raises:
         IdentityError: the table cannot be continued under this spec and checkpoint.
     """
-    rebuild = (
+    rebuild = design.rebuild or (
         f"`conflux refresh {identity.flow}` (rebuilds the silver tables from bronze beside the "
         f"live ones, then swaps them in) or `conflux reset {identity.flow} --stage silver` "
         "(moves them aside; the next run rebuilds them)"
@@ -126,7 +136,7 @@ def check_table(
     if properties is None:
         if checkpoint_committed:
             raise IdentityError(
-                f"{what} is missing, but the silver checkpoint has committed batches, so those "
+                f"{what} is missing, but the {design.stage} checkpoint has committed batches, so those "
                 f"events would never be written again. Restore the table, or run {rebuild}."
             )
         return "create"
@@ -170,7 +180,7 @@ def check_table(
     started = checkpoint_committed if checkpoint_started is None else checkpoint_started
     if not started and has_data:
         raise IdentityError(
-            f"{what} holds rows, but the silver checkpoint has no batch: starting again would "
+            f"{what} holds rows, but the {design.stage} checkpoint has no batch: starting again would "
             f"read bronze from its start and write those rows twice. Restore the checkpoint, or "
             f"run {rebuild}."
         )
@@ -274,35 +284,50 @@ def require_own_silver_query(spec: FlowSpec, action: str) -> None:
         )
 
 
-def reset_silver(spec: FlowSpec, settings: Settings) -> list[tuple[str, str]]:
-    """Start the silver stage over from bronze: move its checkpoint and tables aside.
+def reset_silver(
+    spec: FlowSpec, settings: Settings, stage: str = "silver"
+) -> list[tuple[str, str]]:
+    """Start the silver stage (and gold, which reads it) or only gold over: move their
+    checkpoints and tables aside.
 
     The next run reads the whole bronze table again into new silver tables (Delta's transaction
-    ids live in each table's log, so new tables need no new app id). Nothing is deleted: the
-    checkpoint goes to the flow's ``_archive/`` and each table to ``<path>.archived-<time>``.
-    Returns (what, where it went) for each thing moved.
+    ids live in each table's log, so new tables need no new app id), and gold reads the whole
+    events table again. Nothing is deleted: checkpoints go to the flow's ``_archive/`` and each
+    table to ``<path>.archived-<time>``. Returns (what, where it went) for each thing moved.
 
     Raises:
         LeaseHeldError: the flow is running; the reset holds the flow's lease while it moves.
-        ConfigError: the flow has no silver stage, or it runs inside bronze's batches.
+        ConfigError: the flow has no such stage, or silver runs inside bronze's batches.
     """
-    require_own_silver_query(spec, "reset")
+    if stage == "silver":
+        require_own_silver_query(spec, "reset")
+    elif not spec.gold:
+        raise ConfigError(f"{spec.spec_file}: flow {spec.name} has no gold stage to reset")
     locations = FlowLocations.of(spec, settings)
     lease = FlowLease(spec.name, locations.lease_store(), new_owner_id("reset"), owner_details())
     lease.acquire()
     try:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         moved: list[tuple[str, str]] = []
-        checkpoint = locations.stage_checkpoint("silver")
-        if checkpoint.exists():
-            locations.archive_dir.mkdir(parents=True, exist_ok=True)
-            target = locations.archive_dir / f"silver-{stamp}"
-            shutil.move(str(checkpoint), str(target))
-            moved.append((str(checkpoint), str(target)))
+        stages = ["silver", "gold"] if stage == "silver" else ["gold"]
+        for name in stages:
+            checkpoint = locations.flow_dir / name
+            if checkpoint.exists():
+                locations.archive_dir.mkdir(parents=True, exist_ok=True)
+                target = locations.archive_dir / f"{name}-{stamp}"
+                shutil.move(str(checkpoint), str(target))
+                moved.append((str(checkpoint), str(target)))
         tables = table_paths(spec, settings)
-        paths = [path for role, path in tables.items() if role != "bronze"]  # history too
-        if "current" in tables:
+        paths = [
+            path
+            for role, path in tables.items()
+            if role != "bronze" and (stage == "silver" or role_kind(role) in ("gold", "late"))
+        ]
+        if "current" in tables and stage == "silver":
             paths.append(deleted_keys_path(tables["current"]))
+        for gold in spec.gold:
+            gold_path = tables[f"gold/{gold.table}"]
+            paths += [gold_input_path(gold_path), gold_backfills_path(gold_path)]
         for path in paths:
             if path.exists():
                 target = Path(f"{path}.archived-{stamp}")

@@ -25,6 +25,9 @@ class Stage(Protocol):
     query_name: str
     #: Whether the stage runs as its own query (else inside the previous stage's batches).
     own_query: bool
+    #: The query's output mode: ``append``, or ``update`` for a stateful aggregation that
+    #: writes every batch's changed groups.
+    output_mode: str
     #: The Spark checkpoint whose batch ids the stage's writes are idempotent under.
     checkpoint: Path
     #: The table whose version progress reports (bronze: its table; silver: current or events).

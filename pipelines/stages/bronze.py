@@ -49,6 +49,7 @@ class BronzeStage:
     """One flow's bronze stream: the source, written by ``foreachBatch`` with Delta txn ids."""
 
     kind = "bronze"
+    output_mode = "append"
     own_query = True
 
     def __init__(

@@ -138,6 +138,7 @@ class SilverStage:
     """One flow's silver stage (see the module doc)."""
 
     kind = STAGE
+    output_mode = "append"
 
     def __init__(
         self,

@@ -1,0 +1,1 @@
+"""Gold: event-time aggregates of silver events (windows, watermarks, late data, backfills)."""

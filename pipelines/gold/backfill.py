@@ -1,0 +1,237 @@
+"""Backfills of a gold table: event dates recomputed from the silver events, late rows included.
+
+Gold is partitioned by the date of each window's start (``_event_date``). A backfill of the dates
+``first..last`` reads the silver events that can fall in their windows, applies the stream's own
+rules (a null event time or one beyond ``max_future_skew`` is left out, as the split quarantines
+it; ``deduplicate`` keeps one event per key), aggregates them with Spark's ``window()`` exactly as
+the stream does, and replaces those dates of the gold table in one commit (``replaceWhere``):
+idempotent, so running it twice changes nothing, and one Spark job covers the whole range.
+
+**Only closed dates.** A date can be backfilled once every window starting on it has closed under
+the watermark of the stateful query's last committed batch (``batchWatermarkMs`` of its offset log):
+the stream never changes a closed window again (the split sends it no rows, and Spark would drop
+any), so the backfilled rows stay. A date still open is refused with the date it closes at.
+
+**Reconciliation is append-only.** The late rows whose missed window starts on a backfilled date
+are recorded in ``<gold>__backfills`` (one row per late row and backfill: its coordinates, the
+backfill's id and time); the late-data table itself is never updated. Late rows not yet covered
+are the late table's rows without a record there (:func:`unreconciled`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.delta_writes import retry_on_maintenance
+from pipelines.errors import ConfigError
+from pipelines.gold.windows import (
+    MICROS,
+    aggregate_columns,
+    future_condition,
+    gold_columns,
+    window_column,
+)
+from pipelines.locations import FlowLocations, gold_backfills_path, table_paths
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
+
+COORDINATES = ("_source_topic", "_source_partition", "_source_offset")
+
+
+class BackfillRefusedError(ConfigError):
+    """A date of the range is still open, or the gold stream never ran."""
+
+
+@dataclass(frozen=True)
+class BackfillResult:
+    flow: str
+    table: str
+    first_date: date
+    last_date: date
+    backfill_id: str
+    gold_rows: int
+    rows_reflected: int
+    late_rows_covered: int
+    gold_version: int | None
+    closed_until: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, date) else v for k, v in self.__dict__.items()}
+
+
+def gold_of(spec: FlowSpec, table: str) -> GoldSpec:
+    for gold in spec.gold:
+        if gold.table == table:
+            return gold
+    known = ", ".join(g.table for g in spec.gold) or "none"
+    raise ConfigError(
+        f"{spec.spec_file}: flow {spec.name} has no gold table {table!r} (its gold tables: {known})"
+    )
+
+
+def stream_watermark_micros(checkpoint: Path) -> int | None:
+    """The watermark of the stateful query's last committed batch (None: it never committed)."""
+    commits = checkpoint / "commits"
+    committed = (
+        sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+        if commits.is_dir()
+        else []
+    )
+    if not committed:
+        return None
+    lines = (checkpoint / "offsets" / str(committed[-1])).read_text().splitlines()
+    metadata = json.loads(lines[1])
+    return int(metadata.get("batchWatermarkMs", 0)) * 1000
+
+
+def closing_time(day: date, gold: GoldSpec) -> datetime:
+    """When every window starting on ``day`` has ended: the next day plus one window."""
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
+    return start + timedelta(seconds=duration_seconds(gold.window.duration))
+
+
+def check_closed(
+    first: date, last: date, gold: GoldSpec, watermark_micros: int | None, flow: str
+) -> None:
+    if last < first:
+        raise BackfillRefusedError(f"--to {last} is before --from {first}")
+    if watermark_micros is None:
+        raise BackfillRefusedError(
+            f"flow {flow}: gold {gold.table} has no committed stream batch yet, so no date is "
+            "closed: run the flow first"
+        )
+    closes = closing_time(last, gold)
+    watermark = datetime.fromtimestamp(watermark_micros / MICROS, UTC)
+    if closes > watermark:
+        raise BackfillRefusedError(
+            f"flow {flow}: gold {gold.table}: {last} is still open: its last windows close when "
+            f"the watermark passes {closes.isoformat()}, and it stands at {watermark.isoformat()} "
+            f"(the newest event time minus allowed_lateness {gold.allowed_lateness}). Backfill "
+            "dates up to the day before, or wait for the stream to move on."
+        )
+
+
+def recompute(events: DataFrame, gold: GoldSpec, first: date, last: date) -> DataFrame:
+    """Gold rows of the windows starting on ``first..last``, from all the events."""
+    event_time = F.col(gold.event_time).cast("timestamp")
+    duration = timedelta(seconds=duration_seconds(gold.window.duration))
+    low = datetime(first.year, first.month, first.day, tzinfo=UTC) - duration
+    high = closing_time(last, gold)
+    if gold.event_time == "_event_time":  # the events' partition column: prune the dates
+        events = events.where(F.col("_event_date").between(F.lit(low.date()), F.lit(high.date())))
+    kept = dict.fromkeys((*gold.input_columns(), "_ingested_at"))
+    rows = events.select(
+        *(F.col(c) for c in kept if c != "_event_time"), event_time.alias("_event_time")
+    ).where(
+        (F.col("_event_time") >= F.lit(low))
+        & (F.col("_event_time") < F.lit(high))
+        & ~future_condition(F.col("_event_time"), F.col("_ingested_at"), gold)
+    )
+    if gold.deduplicate:
+        rows = rows.dropDuplicates(list(gold.deduplicate))
+    grouped = rows.groupBy(
+        window_column(F.col("_event_time"), gold).alias("window"), *gold.group_by
+    )
+    return (
+        grouped.agg(*aggregate_columns(gold))
+        .select(*gold_columns(gold))
+        .where(F.col("_event_date").between(F.lit(first), F.lit(last)))
+    )
+
+
+def backfill(
+    spark: SparkSession, spec: FlowSpec, settings: Settings, table: str, first: date, last: date
+) -> BackfillResult:
+    """Recompute ``first..last`` of gold ``table`` (see the module doc).
+
+    Raises:
+        BackfillRefusedError: a date is not closed yet, or the stream never committed.
+    """
+    gold = gold_of(spec, table)
+    locations = FlowLocations.of(spec, settings)
+    watermark = stream_watermark_micros(locations.stage_checkpoint(f"gold.{gold.table}"))
+    check_closed(first, last, gold, watermark, spec.name)
+    paths = table_paths(spec, settings)
+    gold_path = str(paths[f"gold/{gold.table}"])
+    rows = recompute(spark.read.format("delta").load(str(paths["events"])), gold, first, last)
+    rows = rows.persist()
+    try:
+        totals = rows.agg(F.count(F.lit(1)).alias("n"), F.sum("_rows").alias("r")).first()
+        assert totals is not None
+        condition = f"_event_date >= '{first}' AND _event_date <= '{last}'"
+
+        def write() -> None:
+            rows.write.format("delta").mode("overwrite").option("replaceWhere", condition).save(
+                gold_path
+            )
+
+        retry_on_maintenance(write, gold.table, 0)
+    finally:
+        rows.unpersist()
+    backfill_id = uuid.uuid4().hex[:12]
+    covered = _record(spark, paths[f"late/{gold.table}"], gold_path, backfill_id, first, last)
+    version = DeltaTable.forPath(spark, gold_path).history(1).first()
+    return BackfillResult(
+        flow=spec.name,
+        table=gold.table,
+        first_date=first,
+        last_date=last,
+        backfill_id=backfill_id,
+        gold_rows=int(totals["n"]),
+        rows_reflected=int(totals["r"] or 0),
+        late_rows_covered=covered,
+        gold_version=int(version["version"]) if version is not None else None,
+        closed_until=datetime.fromtimestamp((watermark or 0) / MICROS, UTC).isoformat(),
+    )
+
+
+def _record(
+    spark: SparkSession, late_path: Path, gold_path: str, backfill_id: str, first: date, last: date
+) -> int:
+    """Append the late rows the backfill covered to ``<gold>__backfills``; how many."""
+    if not DeltaTable.isDeltaTable(spark, str(late_path)):
+        return 0
+    late = spark.read.format("delta").load(str(late_path))
+    covered = (
+        late.where(F.to_date("_window_start").between(F.lit(first), F.lit(last)))
+        .select(
+            F.lit(backfill_id).alias("backfill_id"),
+            F.current_timestamp().alias("backfilled_at"),
+            F.lit(first).alias("first_date"),
+            F.lit(last).alias("last_date"),
+            *COORDINATES,
+            "_event_time",
+            "_event_date",
+        )
+        .persist()
+    )
+    try:
+        count = covered.count()
+        if count:
+            covered.write.format("delta").mode("append").save(
+                str(gold_backfills_path(Path(gold_path)))
+            )
+        return count
+    finally:
+        covered.unpersist()
+
+
+def unreconciled(spark: SparkSession, spec: FlowSpec, settings: Settings, table: str) -> DataFrame:
+    """The late rows of gold ``table`` that no backfill has covered yet."""
+    gold = gold_of(spec, table)
+    paths = table_paths(spec, settings)
+    late = spark.read.format("delta").load(str(paths[f"late/{gold.table}"]))
+    record = gold_backfills_path(paths[f"gold/{gold.table}"])
+    if not DeltaTable.isDeltaTable(spark, str(record)):
+        return late
+    covered = spark.read.format("delta").load(str(record)).select(*COORDINATES).distinct()
+    return late.join(covered, list(COORDINATES), "left_anti")

@@ -1,0 +1,86 @@
+"""Conflux's watermark of a gold stage, kept with the split query's checkpoint.
+
+The watermark that batch ``n`` of the split query judges its rows by is
+``max(event time of the rows of batches < n) - allowed_lateness`` (late rows included: they are
+older anyway; quarantined rows excluded). After batch ``n`` has split its rows, it records the
+new maximum in ``<split checkpoint>/conflux_watermark/<n>.json`` before its Spark commit. Batch
+``n`` reads the record of the greatest batch below ``n``, so a batch replayed after a crash (same
+id, same rows) is judged by the very watermark of its first attempt and records the same value
+again: the split is deterministic, and the watermark survives restarts with the checkpoint
+(``conflux reset`` moves both aside together).
+
+Spark's own watermark in the stateful query is ``max(event time it has seen) - allowed_lateness``
+over the on-time rows only, which the split query has all seen in earlier batches: it is never
+above Conflux's. So every row Spark would drop as late was split off first.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipelines.locations import write_json_atomically
+
+#: Records kept behind the newest one (a replay reads only the one before it).
+KEEP_RECORDS = 20
+
+
+def micros_to_iso(micros: int | None) -> str | None:
+    if micros is None:
+        return None
+    return datetime.fromtimestamp(micros / 1_000_000, UTC).isoformat()
+
+
+@dataclass(frozen=True)
+class WatermarkRecord:
+    batch_id: int
+    max_event_micros: int | None
+    watermark_micros: int | None
+
+
+class WatermarkLog:
+    """The records of one split query (see the module doc)."""
+
+    def __init__(self, checkpoint: Path, allowed_lateness_seconds: int) -> None:
+        self.folder = checkpoint / "conflux_watermark"
+        self.lateness_micros = allowed_lateness_seconds * 1_000_000
+
+    def _batches(self) -> list[int]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(int(p.stem) for p in self.folder.glob("*.json") if p.stem.isdigit())
+
+    def _read(self, batch_id: int) -> WatermarkRecord:
+        data = json.loads((self.folder / f"{batch_id}.json").read_text())
+        return WatermarkRecord(batch_id, data["max_event_micros"], data["watermark_micros"])
+
+    def before(self, batch_id: int) -> WatermarkRecord | None:
+        """The record batch ``batch_id`` is judged by: that of the greatest batch below it."""
+        earlier = [b for b in self._batches() if b < batch_id]
+        return self._read(earlier[-1]) if earlier else None
+
+    def latest(self) -> WatermarkRecord | None:
+        batches = self._batches()
+        return self._read(batches[-1]) if batches else None
+
+    def record(self, batch_id: int, batch_max_micros: int | None) -> WatermarkRecord:
+        """Record the maximum after batch ``batch_id`` (whose own rows' maximum is given)."""
+        previous = self.before(batch_id)
+        earlier = previous.max_event_micros if previous is not None else None
+        known = [m for m in (earlier, batch_max_micros) if m is not None]
+        maximum = max(known) if known else None
+        watermark = None if maximum is None else maximum - self.lateness_micros
+        write_json_atomically(
+            self.folder / f"{batch_id}.json",
+            {
+                "max_event_micros": maximum,
+                "watermark_micros": watermark,
+                "max_event_time": micros_to_iso(maximum),
+                "watermark": micros_to_iso(watermark),
+            },
+        )
+        for old in self._batches()[:-KEEP_RECORDS]:
+            (self.folder / f"{old}.json").unlink(missing_ok=True)
+        return WatermarkRecord(batch_id, maximum, watermark)

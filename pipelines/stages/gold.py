@@ -1,0 +1,498 @@
+"""Gold stages: windowed aggregates of the silver events by event time, late rows captured.
+
+Each gold table of a spec runs as two streaming queries, one after the other in a flow's phases:
+
+1. **the split** (``<flow>.gold.<table>.split``, stateless, :class:`GoldSplitStage`) reads the
+   silver events table as a Delta stream and sorts each micro-batch's rows by Conflux's own
+   watermark (:mod:`pipelines.gold.watermark`): rows with a null event time, or one beyond their
+   ingestion time plus ``max_future_skew``, go to the flow's quarantine with the reason; late rows
+   (:mod:`pipelines.gold.windows`) to the **late-data table** with their event time, the
+   watermark at arrival and the window they missed; on-time rows to the gold **input table**
+   (``<gold>__input``). All three appends carry the batch's transaction id, so a replay adds
+   nothing twice, and every batch accounts for its rows: ``rows in = on time + late +
+   quarantined``.
+2. **the aggregation** (``<flow>.gold.<table>``, stateful, :class:`GoldStage`) reads the input
+   table as a Delta stream with Spark's watermark on the event time (the same allowed lateness),
+   optionally ``dropDuplicatesWithinWatermark``, groups by window and keys on the RocksDB state
+   store (changelog checkpointing; :data:`pipelines.spark.STATE_STORE_CONF`) and writes in
+   update mode: every committed batch MERGEs the windows it changed into the **gold table**
+   (partitioned by the window start's date) under its transaction id, so open windows are
+   visible at once and a replay changes nothing.
+
+Conflux's watermark is never below Spark's (Spark's sees only rows the split already saw), so
+Spark never drops a row the split let through: what Spark would drop is in the late-data table,
+and a backfill (:mod:`pipelines.gold.backfill`) of its dates puts it into gold. The input table's
+versions are read whole (``maxFilesPerTrigger`` far above a split batch's files), so a stateful
+batch never advances Spark's watermark past rows of a split batch it has not read yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType, TimestampType
+
+from pipelines.delta_writes import (
+    TableWrite,
+    append_idempotently,
+    committed_write,
+    idempotent_session,
+    retry_on_maintenance,
+)
+from pipelines.errors import ConfigError
+from pipelines.gold.watermark import WatermarkLog, micros_to_iso
+from pipelines.gold.windows import (
+    FUTURE_TIME,
+    LATE,
+    NULL_TIME,
+    ON_TIME,
+    aggregate_columns,
+    earliest_window_end,
+    gold_columns,
+    row_class,
+    window_column,
+)
+from pipelines.identity import (
+    FlowIdentity,
+    checkpoint_has_commits,
+    checkpoint_has_offsets,
+    read_identity,
+)
+from pipelines.lease import LeaseGuard
+from pipelines.locations import FlowLocations, gold_input_path, table_paths
+from pipelines.progress import BatchCommit, delta_version
+from pipelines.settings import Settings
+from pipelines.silver.parse import ddl_struct
+from pipelines.silver.tables import TableDesign, ensure_table
+from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
+
+#: Columns of the silver events every input (and late) row keeps: where it came from.
+COORDINATES = ("_source_topic", "_source_partition", "_source_offset", "_batch_id", "_ingested_at")
+#: Far above the files one split batch writes: a stateful batch reads whole input versions.
+WHOLE_VERSIONS = "1000000"
+GOLD_PROPERTY = "conflux.gold.design"
+
+
+def gold_stages(
+    spec: FlowSpec,
+    settings: Settings,
+    guard: LeaseGuard | None,
+    on_commit: Callable[[BatchCommit], None],
+    _full_refresh: bool = False,
+) -> list[Any]:
+    """The two stages of each gold table of the spec, in order (split, then aggregation)."""
+    stages: list[Any] = []
+    for gold in spec.gold:
+        stages += [
+            GoldSplitStage(spec, gold, settings, guard, on_commit),
+            GoldStage(spec, gold, settings, guard, on_commit),
+        ]
+    return stages
+
+
+def rebuild_hint(spec: FlowSpec) -> str:
+    return (
+        f"`conflux reset {spec.name} --stage gold` (moves the gold tables and checkpoints aside; "
+        "the next run rebuilds them from the silver events)"
+    )
+
+
+class _GoldBase:
+    """What both queries of one gold table share: locations, identity, the input schema."""
+
+    own_query = True
+    output_mode = "append"
+
+    def __init__(
+        self,
+        spec: FlowSpec,
+        gold: GoldSpec,
+        settings: Settings,
+        guard: LeaseGuard | None,
+        on_commit: Callable[[BatchCommit], None],
+        kind: str,
+    ) -> None:
+        assert spec.silver is not None, "validated: gold reads the silver events"
+        self.spec, self.gold, self.settings = spec, gold, settings
+        self.guard, self.on_commit = guard, on_commit
+        self.kind = kind
+        self.query_name = f"{spec.name}.{kind}"
+        self.locations = FlowLocations.of(spec, settings)
+        self.checkpoint: Path = self.locations.stage_checkpoint(kind)
+        paths = table_paths(spec, settings)
+        self.events_path = str(paths["events"])
+        self.quarantine_path = str(paths["quarantine"])
+        self.quarantine_table = spec.silver.quarantine.table
+        self.gold_path = str(paths[f"gold/{gold.table}"])
+        self.late_path = str(paths[f"late/{gold.table}"])
+        self.input_path = str(gold_input_path(paths[f"gold/{gold.table}"]))
+        self.input_table = f"{gold.table}__input"
+        self.identity: FlowIdentity | None = None
+
+    def app_id(self, table: str) -> str:
+        assert self.identity is not None, "prepare() runs before any batch"
+        return f"{self.identity.txn_app_id}-{table}"
+
+    def finish(self, spark: SparkSession) -> list[TableWrite]:
+        return []
+
+    def _input_schema(self, spark: SparkSession) -> StructType:
+        """The input table's columns: those of the events the gold table reads, the event time
+        as ``_event_time``, and the row's coordinates."""
+        events = spark.read.format("delta").load(self.events_path).schema
+        gold = self.gold
+        where = f"{self.spec.spec_file}: gold ({gold.table})"
+        names = [*gold.input_columns(), gold.event_time, *COORDINATES]
+        missing = [n for n in names if n not in events.fieldNames()]
+        if missing:
+            raise ConfigError(
+                f"{where}: the silver events table has no column {', '.join(missing)} (its "
+                f"columns: {', '.join(events.fieldNames())}); name columns of the events"
+            )
+        event_type = events[gold.event_time].dataType.simpleString()
+        if event_type not in ("timestamp", "timestamp_ntz", "date"):
+            raise ConfigError(
+                f"{where}: event_time {gold.event_time!r} is {event_type} in the events table; "
+                "give a TIMESTAMP column"
+            )
+        kept = [
+            c for c in dict.fromkeys((*gold.input_columns(), *COORDINATES)) if c != "_event_time"
+        ]
+        return StructType(
+            [
+                *(events[c] for c in kept if c not in COORDINATES),
+                StructField("_event_time", TimestampType()),
+                *(events[c] for c in COORDINATES),
+            ]
+        )
+
+    def _design(
+        self, role: str, table: str, path: str, schema: StructType, **more: Any
+    ) -> TableDesign:
+        return TableDesign(
+            role=role,
+            table=table,
+            path=path,
+            schema=schema,
+            spec_properties={GOLD_PROPERTY: self._design_key()},
+            spec_field=f"gold ({self.gold.table})",
+            rebuild=rebuild_hint(self.spec),
+            stage=f"gold {self.gold.table}",
+            **more,
+        )
+
+    def _design_key(self) -> str:
+        """What the rows of the gold tables depend on: another value refuses to continue."""
+        gold = self.gold
+        window = f"{gold.window.duration}/{gold.window.slide or gold.window.duration}"
+        return ";".join(
+            (
+                f"window={window}",
+                f"eventTime={gold.event_time}",
+                f"lateness={gold.allowed_lateness}",
+                f"groupBy={','.join(gold.group_by)}",
+                f"dedup={','.join(gold.deduplicate)}",
+                "aggregates="
+                + ",".join(f"{a.name}={a.function}({a.column or ''})" for a in gold.aggregates),
+            )
+        )
+
+    def _prepare_tables(self, spark: SparkSession, designs: list[TableDesign]) -> None:
+        identity = read_identity(self.locations)
+        assert identity is not None, "the bronze stage writes the flow's identity first"
+        self.identity = identity
+        committed = checkpoint_has_commits(self.checkpoint)
+        started = checkpoint_has_offsets(self.checkpoint)
+        for design in designs:
+            ensure_table(spark, design, identity, committed, self.spec.spec_file, started)
+
+
+class GoldSplitStage(_GoldBase):
+    """The split query of one gold table (see the module doc)."""
+
+    def __init__(
+        self,
+        spec: FlowSpec,
+        gold: GoldSpec,
+        settings: Settings,
+        guard: LeaseGuard | None,
+        on_commit: Callable[[BatchCommit], None],
+    ) -> None:
+        super().__init__(spec, gold, settings, guard, on_commit, f"gold.{gold.table}.split")
+        self.main_table = self.input_path
+        self.tables = {
+            f"late/{gold.table}": (gold.late.table, self.late_path),
+            f"gold_input/{gold.table}": (self.input_table, self.input_path),
+        }
+        self.watermarks = WatermarkLog(self.checkpoint, duration_seconds(gold.allowed_lateness))
+
+    def prepare(self, spark: SparkSession) -> None:
+        schema = self._input_schema(spark)
+        late = StructType(
+            [
+                *schema.fields,
+                *ddl_struct(
+                    "_event_date DATE, _watermark TIMESTAMP, _window_start TIMESTAMP, "
+                    "_window_end TIMESTAMP, _split_batch_id BIGINT, _late_at TIMESTAMP"
+                ).fields,
+            ]
+        )
+        self._prepare_tables(
+            spark,
+            [
+                self._design(
+                    f"gold_input/{self.gold.table}", self.input_table, self.input_path, schema
+                ),
+                self._design(
+                    f"late/{self.gold.table}",
+                    self.gold.late.table,
+                    self.late_path,
+                    late,
+                    partition_by=("_event_date",),
+                ),
+            ],
+        )
+        self.columns = schema.fieldNames()
+
+    def input_stream(self, spark: SparkSession) -> DataFrame:
+        return spark.readStream.format("delta").load(self.events_path)
+
+    def _rows(self, events: DataFrame) -> DataFrame:
+        gold = self.gold
+        picked = {c: F.col(c) for c in self.columns}
+        picked["_event_time"] = F.col(gold.event_time).cast("timestamp")
+        return events.select(*(column.alias(name) for name, column in picked.items()))
+
+    def write_batch(self, events: DataFrame, batch_id: int) -> BatchCommit:
+        if self.guard is not None:
+            self.guard.check()
+        gold = self.gold
+        record = self.watermarks.before(batch_id)
+        watermark = record.watermark_micros if record is not None else None
+        event_time = F.col("_event_time")
+        rows = (
+            self._rows(events)
+            .withColumn(
+                "_gold_class", row_class(event_time, F.col("_ingested_at"), watermark, gold)
+            )
+            .persist()
+        )
+        try:
+            counts = rows.agg(
+                F.count(F.lit(1)).alias("rows_in"),
+                *(
+                    F.count(F.when(F.col("_gold_class") == c, 1)).alias(c)
+                    for c in (ON_TIME, LATE, NULL_TIME, FUTURE_TIME)
+                ),
+                F.max(
+                    F.when(F.col("_gold_class").isin(ON_TIME, LATE), F.unix_micros(event_time))
+                ).alias("max_micros"),
+            ).first()
+            assert counts is not None
+            writes: list[TableWrite] = []
+            if counts[ON_TIME]:
+                writes.append(
+                    append_idempotently(
+                        rows.where(F.col("_gold_class") == ON_TIME).select(*self.columns),
+                        self.input_table,
+                        f"gold_input/{gold.table}",
+                        self.input_path,
+                        self.app_id(self.input_table),
+                        batch_id,
+                    )
+                )
+            if counts[LATE]:
+                writes.append(
+                    append_idempotently(
+                        self._late_rows(rows, watermark, batch_id),
+                        gold.late.table,
+                        f"late/{gold.table}",
+                        self.late_path,
+                        self.app_id(gold.late.table),
+                        batch_id,
+                        ("_event_date",),
+                    )
+                )
+            quarantined = int(counts[NULL_TIME]) + int(counts[FUTURE_TIME])
+            if quarantined:
+                writes.append(
+                    append_idempotently(
+                        self._quarantine_rows(rows),
+                        self.quarantine_table,
+                        f"gold_quarantine/{gold.table}",
+                        self.quarantine_path,
+                        self.app_id(f"{self.quarantine_table}-gold-{gold.table}"),
+                        batch_id,
+                    )
+                )
+            after = self.watermarks.record(batch_id, counts["max_micros"])
+        finally:
+            rows.unpersist()
+        commit = BatchCommit(
+            flow=self.spec.name,
+            batch_id=batch_id,
+            table_version=next(
+                (w.version for w in writes if w.role.startswith("gold_input")), None
+            ),
+            rows_added=sum(w.rows for w in writes if w.role.startswith("gold_input")),
+            replayed=bool(writes) and all(w.skipped for w in writes),
+            stage=self.kind,
+            writes=tuple(writes),
+            quality={
+                "rows_in": int(counts["rows_in"]),
+                "on_time": int(counts[ON_TIME]),
+                "late": int(counts[LATE]),
+                "quarantined": quarantined,
+                "null_event_time": int(counts[NULL_TIME]),
+                "future_event_time": int(counts[FUTURE_TIME]),
+                "watermark": micros_to_iso(watermark),
+                "next_watermark": micros_to_iso(after.watermark_micros),
+                "max_event_time": micros_to_iso(after.max_event_micros),
+            },
+        )
+        self.on_commit(commit)
+        return commit
+
+    def _late_rows(self, rows: DataFrame, watermark: int | None, batch_id: int) -> DataFrame:
+        end = earliest_window_end(F.col("_event_time"), self.gold)
+        duration = duration_seconds(self.gold.window.duration)
+        return rows.where(F.col("_gold_class") == LATE).select(
+            *self.columns,
+            F.to_date("_event_time").alias("_event_date"),
+            F.timestamp_micros(F.lit(watermark)).alias("_watermark"),
+            (end - F.expr(f"INTERVAL {duration} SECONDS")).alias("_window_start"),
+            end.alias("_window_end"),
+            F.lit(batch_id).cast("bigint").alias("_split_batch_id"),
+            F.current_timestamp().alias("_late_at"),
+        )
+
+    def _quarantine_rows(self, rows: DataFrame) -> DataFrame:
+        gold = self.gold
+        skew = f"later than its ingestion time + max_future_skew ({gold.max_future_skew})"
+        reason = F.when(
+            F.col("_gold_class") == NULL_TIME,
+            F.lit(f"gold {gold.table}: event time {gold.event_time} is null"),
+        ).otherwise(F.lit(f"gold {gold.table}: event time {gold.event_time} is {skew}"))
+        return rows.where(F.col("_gold_class").isin(NULL_TIME, FUTURE_TIME)).select(
+            F.lit(self.spec.name).alias("flow"),
+            F.col("_batch_id").alias("batch_id"),
+            F.col("_source_topic").alias("topic"),
+            F.col("_source_partition").alias("partition"),
+            F.col("_source_offset").alias("offset"),
+            F.lit(None).cast("timestamp").alias("kafka_timestamp"),
+            F.lit(None).cast("binary").alias("raw_key"),
+            F.to_json(F.struct(*self.columns)).cast("binary").alias("raw_value"),
+            F.array(reason).alias("reasons"),
+            F.current_timestamp().alias("quarantined_at"),
+        )
+
+
+class GoldStage(_GoldBase):
+    """The stateful query of one gold table (see the module doc)."""
+
+    output_mode = "update"
+
+    def __init__(
+        self,
+        spec: FlowSpec,
+        gold: GoldSpec,
+        settings: Settings,
+        guard: LeaseGuard | None,
+        on_commit: Callable[[BatchCommit], None],
+    ) -> None:
+        super().__init__(spec, gold, settings, guard, on_commit, f"gold.{gold.table}")
+        self.main_table = self.gold_path
+        self.tables = {f"gold/{gold.table}": (gold.table, self.gold_path)}
+
+    def prepare(self, spark: SparkSession) -> None:
+        schema = self._input_schema(spark)
+        empty = spark.createDataFrame([], schema)
+        rows = self._aggregate(empty).select(*gold_columns(self.gold))
+        self._prepare_tables(
+            spark,
+            [
+                self._design(
+                    f"gold/{self.gold.table}",
+                    self.gold.table,
+                    self.gold_path,
+                    StructType([f for f in rows.schema.fields]),
+                    partition_by=("_event_date",),
+                    delta_properties=self.gold.delta_properties(),
+                    stated_properties=self.gold.stated_properties(),
+                )
+            ],
+        )
+
+    def _aggregate(self, rows: DataFrame) -> DataFrame:
+        gold = self.gold
+        return rows.groupBy(
+            window_column(F.col("_event_time"), gold).alias("window"), *gold.group_by
+        ).agg(*aggregate_columns(gold))
+
+    def input_stream(self, spark: SparkSession) -> DataFrame:
+        gold = self.gold
+        stream = (
+            spark.readStream.format("delta")
+            .option("maxFilesPerTrigger", WHOLE_VERSIONS)
+            .load(self.input_path)
+            .withWatermark("_event_time", f"{duration_seconds(gold.allowed_lateness)} seconds")
+        )
+        if gold.deduplicate:
+            stream = stream.dropDuplicatesWithinWatermark(list(gold.deduplicate))
+        return self._aggregate(stream).select(*gold_columns(gold))
+
+    def write_batch(self, updated: DataFrame, batch_id: int) -> BatchCommit:
+        if self.guard is not None:
+            self.guard.check()
+        updated = updated.persist()  # the stateful plan runs once: the MERGE reads it twice
+        try:
+            writes: list[TableWrite] = []
+            if updated.count():
+                writes.append(self._merge(updated, batch_id))
+        finally:
+            updated.unpersist()
+        commit = BatchCommit(
+            flow=self.spec.name,
+            batch_id=batch_id,
+            table_version=writes[0].version if writes else None,
+            rows_added=sum(w.rows for w in writes),
+            replayed=bool(writes) and all(w.skipped for w in writes),
+            stage=self.kind,
+            writes=tuple(writes),
+        )
+        self.on_commit(commit)
+        return commit
+
+    def _merge(self, updated: DataFrame, batch_id: int) -> TableWrite:
+        gold = self.gold
+        spark = updated.sparkSession
+        keys = ["_event_date", "window_start", "window_end"]
+        condition = " AND ".join(
+            [
+                *(f"t.`{k}` = s.`{k}`" for k in keys),
+                *(f"t.`{k}` <=> s.`{k}`" for k in gold.group_by),
+            ]
+        )
+        app_id = self.app_id(gold.table)
+        before = delta_version(spark, self.gold_path)
+
+        def merge() -> None:
+            (
+                DeltaTable.forPath(spark, self.gold_path)
+                .alias("t")
+                .merge(updated.alias("s"), condition)
+                .whenMatchedUpdateAll()
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+        with idempotent_session(spark, app_id, batch_id):
+            retry_on_maintenance(merge, gold.table, batch_id)
+        return committed_write(
+            spark, gold.table, f"gold/{gold.table}", self.gold_path, before, app_id, batch_id
+        )

@@ -1,0 +1,146 @@
+"""Gold without Spark: the spec section, the late rules, the watermark log, backfill refusals."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.gold.backfill import BackfillRefusedError, check_closed, closing_time
+from pipelines.gold.watermark import WatermarkLog
+from pipelines.gold.windows import MICROS, earliest_window_end_micros, is_late
+from pipelines.spec import SpecError, duration_seconds, parse_spec
+from tests.support.gold import windows_of
+
+
+def micros(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * MICROS)
+
+
+def spec(**gold: Any) -> dict[str, Any]:
+    table = {
+        "table": "revenue",
+        "event_time": "ts",
+        "allowed_lateness": "5 minutes",
+        "window": {"duration": "10 minutes"},
+        "group_by": ["product"],
+        "aggregates": [{"name": "revenue", "function": "sum", "column": "amount"}],
+        **gold,
+    }
+    return {
+        "name": "shop",
+        "source": {"kind": "kafka", "topics": ["orders"]},
+        "target": {"table": "bronze_shop"},
+        "silver": {
+            "format": "json",
+            "schema": "id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP",
+        },
+        "gold": [table],
+    }
+
+
+def test_a_gold_table_defaults_its_late_table_and_is_one_of_the_flows_tables() -> None:
+    flow = parse_spec(spec())
+    gold = flow.gold[0]
+    assert gold.late.table == "revenue_late"
+    assert ("gold/revenue", "revenue") in flow.tables()
+    assert ("late/revenue", "revenue_late") in flow.tables()
+    assert gold.input_columns() == ("product", "amount")
+    assert gold.max_future_skew == "1 hour"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"group_by": ["nope"]}, "gold.0: 'nope' is not one of the columns of the events"),
+        ({"event_time": "amount"}, "gold.0.event_time: 'amount' is double"),
+        ({"window": {"duration": "10 minutes", "slide": "3 minutes"}}, "must divide"),
+        ({"window": {"duration": "ten minutes"}}, "not a duration such as '10 minutes'"),
+        ({"aggregates": [{"name": "n", "function": "sum"}]}, "sum needs a column"),
+        ({"aggregates": [{"name": "_rows", "function": "count"}]}, "a column gold keeps itself"),
+        ({"aggregates": []}, "is empty; give at least one"),
+        ({"allowed_lateness": None}, "gold.0.allowed_lateness: is required"),
+    ],
+)
+def test_gold_spec_errors_name_the_field_and_the_fix(change: dict[str, Any], message: str) -> None:
+    data = spec(**change)
+    data["gold"][0] = {k: v for k, v in data["gold"][0].items() if v is not None}
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec(data, "flows/shop.yaml")
+
+
+def test_gold_needs_silver() -> None:
+    data = spec()
+    del data["silver"]
+    with pytest.raises(SpecError, match="gold reads the silver events: declare a silver stage"):
+        parse_spec(data)
+
+
+def test_durations() -> None:
+    assert duration_seconds("10 minutes") == 600
+    assert duration_seconds("1 day") == 86400
+    assert duration_seconds("5 seconds") == 5
+
+
+def test_the_earliest_window_end_is_the_next_slide_boundary() -> None:
+    ten, five = 600, 300
+    assert earliest_window_end_micros(micros("2026-11-20T12:03:00"), ten) == micros(
+        "2026-11-20T12:10:00"
+    )
+    assert earliest_window_end_micros(micros("2026-11-20T12:03:00"), five) == micros(
+        "2026-11-20T12:05:00"
+    )
+    # a window holds start <= t < end: an event on a boundary opens the next window
+    assert earliest_window_end_micros(micros("2026-11-20T12:10:00"), ten) == micros(
+        "2026-11-20T12:20:00"
+    )
+    # the same as the first of Spark's windows (here: the reference's) that holds the event
+    event = datetime(2026, 11, 20, 12, 3, tzinfo=UTC)
+
+    first = windows_of(event, timedelta(minutes=10), timedelta(minutes=5))[0]
+    assert first + timedelta(minutes=10) == datetime(2026, 11, 20, 12, 5, tzinfo=UTC)
+
+
+def test_late_means_the_state_spark_would_use_is_closed() -> None:
+    watermark = micros("2026-11-20T12:07:00")
+    # windows: a row is late only once its (first) window has ended
+    assert not is_late(micros("2026-11-20T12:01:00"), watermark, 600, deduplicate=False)
+    assert is_late(micros("2026-11-20T11:59:00"), watermark, 600, deduplicate=False)
+    assert is_late(micros("2026-11-20T12:01:00"), watermark, 300, deduplicate=False)
+    # deduplication: Spark drops a row whose event time is not above the watermark
+    assert is_late(micros("2026-11-20T12:01:00"), watermark, 600, deduplicate=True)
+    assert is_late(watermark, watermark, 600, deduplicate=True)
+    assert not is_late(watermark + 1, watermark, 600, deduplicate=True)
+    assert not is_late(0, None, 600, deduplicate=True)  # no watermark before the first batch
+
+
+def test_the_watermark_log_survives_restarts_and_replays_alike(tmp_path: Path) -> None:
+    log = WatermarkLog(tmp_path, allowed_lateness_seconds=300)
+    assert log.before(0) is None
+    first = log.record(0, micros("2026-11-20T10:31:00"))
+    assert first.watermark_micros == micros("2026-11-20T10:26:00")
+    log.record(1, micros("2026-11-20T10:02:00"))  # older rows never lower it
+    again = WatermarkLog(tmp_path, allowed_lateness_seconds=300)  # a restart
+    assert again.before(2) is not None
+    assert again.before(2).watermark_micros == first.watermark_micros  # type: ignore[union-attr]
+    # a replay of batch 1 is judged by batch 0's record, whatever batch 1 recorded before
+    assert again.before(1) == first
+    log.record(2, None)  # a batch of quarantined rows only
+    assert log.latest() is not None and log.latest().max_event_micros == first.max_event_micros  # type: ignore[union-attr]
+
+
+def test_only_closed_dates_can_be_backfilled() -> None:
+    gold = parse_spec(spec()).gold[0]
+    day = date(2026, 11, 20)
+    assert closing_time(day, gold) == datetime(2026, 11, 21, 0, 10, tzinfo=UTC)
+    check_closed(day, day, gold, micros("2026-11-21T00:10:00"), "shop")
+    with pytest.raises(
+        BackfillRefusedError, match="2026-11-20 is still open: its last windows close"
+    ):
+        check_closed(day, day, gold, micros("2026-11-21T00:09:59"), "shop")
+    with pytest.raises(BackfillRefusedError, match="no committed stream batch yet"):
+        check_closed(day, day, gold, None, "shop")
+    with pytest.raises(BackfillRefusedError, match="is before --from"):
+        check_closed(day, date(2026, 11, 19), gold, micros("2026-12-01T00:00:00"), "shop")
