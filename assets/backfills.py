@@ -12,8 +12,6 @@ The gold table itself stays in the flow's unpartitioned multi-asset (a stream wr
 dates at once); this asset is where its dates are rebuilt.
 """
 
-from __future__ import annotations
-
 from datetime import date, datetime
 from typing import Any
 

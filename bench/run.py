@@ -39,6 +39,8 @@ from bench.rules import Plan as RulesPlan
 from bench.rules import run_rules_throughput
 from bench.session_start import run_session_start
 from bench.silver_latency import run_silver_latency
+from bench.stateful import Plan as StatefulPlan
+from bench.stateful import run_gold_stateful
 from bench.throughput import Setup, run_throughput
 from pipelines.settings import load_settings
 
@@ -51,9 +53,16 @@ BENCHMARKS = (
     "silver_latency",
     "optimize_reads",
     "rules_throughput",
+    "gold_stateful",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
-ON_REQUEST = {"merge_throughput", "silver_latency", "optimize_reads", "rules_throughput"}
+ON_REQUEST = {
+    "merge_throughput",
+    "silver_latency",
+    "optimize_reads",
+    "rules_throughput",
+    "gold_stateful",
+}
 NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
 
 
@@ -154,6 +163,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rules-repeats", type=int, default=3, help="rules_throughput: batches per variant"
     )
+    parser.add_argument(
+        "--gold-records", type=int, default=1_000_000, help="gold_stateful: events in all"
+    )
+    parser.add_argument(
+        "--gold-keys", type=int, default=1_000_000, help="gold_stateful: distinct group keys"
+    )
+    parser.add_argument(
+        "--gold-rounds", type=int, default=10, help="gold_stateful: appends, each run to its end"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     return parser.parse_args(argv)
 
@@ -182,6 +200,10 @@ class Bench:
         if "rules_throughput" in self.selected:
             plan = RulesPlan(self.args.rules_records, self.args.rules_repeats)
             self.record("rules_throughput", run_rules_throughput(self.workdir, self.jars_dir, plan))
+        if "gold_stateful" in self.selected:
+            a = self.args
+            plan = StatefulPlan(a.gold_records, a.gold_keys, a.gold_rounds)
+            self.record("gold_stateful", run_gold_stateful(self.workdir, self.jars_dir, plan))
         if self.selected & NEEDS_BROKER:
             self.with_broker()
 

@@ -1,5 +1,5 @@
-"""``conflux``: validate, list, inspect, run, stop, reset, refresh and maintain flows from a
-terminal.
+"""``conflux``: validate, list, inspect, run, stop, reset, refresh, maintain and backfill flows
+from a terminal.
 
 Every command works on the flows folder of the settings (``CONFLUX_FLOWS_DIR``, default
 ``flows/``) and talks to running flows only through their files: the lease (who runs it), the

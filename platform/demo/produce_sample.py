@@ -18,7 +18,7 @@ import json
 import random
 import sys
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -38,15 +38,39 @@ PRODUCTS = ("espresso", "latte", "flat-white", "cortado", "mocha")
 BAD_RECORDS = (b"\xff\xfe not utf-8", b'{"order_id": "truncated', b"")
 
 
-def order(order_id: int, rng: random.Random) -> dict[str, object]:
+def order(
+    order_id: int, rng: random.Random, event_time: datetime | None = None
+) -> dict[str, object]:
+    """An order placed in the last two hours (or at ``event_time``)."""
+    placed = event_time or datetime.now(UTC) - timedelta(minutes=rng.uniform(0, 120))
     return {
         "order_id": order_id,
         "customer_id": f"c{rng.randint(1, 200):04d}",
         "product": rng.choice(PRODUCTS),
         "quantity": rng.randint(1, 4),
         "amount": round(rng.uniform(2.5, 30.0), 2),
-        "event_time": datetime.now(UTC).isoformat(),
+        "event_time": placed.isoformat(),
     }
+
+
+def late_day() -> date:
+    """The day the demo's late orders were placed: two days ago, long closed under the watermark."""
+    return datetime.now(UTC).date() - timedelta(days=2)
+
+
+def produce_late(bootstrap: str, ids: range, rng: random.Random) -> int:
+    """Orders placed two days ago at noon that arrive only now: late for the gold table."""
+    day = late_day()
+    noon = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    for index, order_id in enumerate(ids):
+        event = order(order_id, rng, noon + timedelta(minutes=7 * index))
+        producer.produce(
+            TOPIC, key=str(event["customer_id"]).encode(), value=json.dumps(event).encode()
+        )
+    if producer.flush(60) != 0:
+        raise RuntimeError("some late demo events were not delivered")
+    return len(ids)
 
 
 def next_ids(settings: Settings, count: int) -> range:
@@ -157,10 +181,24 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--files", type=int, default=3)
     parser.add_argument("--customers", type=int, default=20, help="new customers with changes")
+    parser.add_argument(
+        "--late", type=int, metavar="N", help="only send N orders placed two days ago (late data)"
+    )
+    parser.add_argument("--late-day", action="store_true", help="print the late orders' day")
     args = parser.parse_args()
+    if args.late_day:
+        print(late_day().isoformat())
+        return 0
     settings = load_settings()
     rng = random.Random()
     bootstrap = settings.resolved_bootstrap_servers()
+    if args.late:
+        sent = produce_late(bootstrap, next_ids(settings, args.late), rng)
+        print(
+            f"produced {sent} orders placed on {late_day()} to Kafka topic '{TOPIC}': their "
+            "windows closed long ago, so the gold table's watermark sends them to its late table"
+        )
+        return 0
     sent = produce_events(bootstrap, next_ids(settings, args.events), rng)
     seed = rng.randrange(2**31)
     changes = customer_changes(settings, args.customers, seed)

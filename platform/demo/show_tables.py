@@ -58,6 +58,57 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
         ).orderBy("partition", "offset").show(20, truncate=False)
 
 
+def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
+    """Each gold table's newest windows, its late rows and what backfills reconciled."""
+    from pipelines.gold.backfill import unreconciled
+    from pipelines.gold.watermark import WatermarkLog, micros_to_iso
+    from pipelines.locations import gold_backfills_path, table_paths
+
+    paths = table_paths(spec, settings)
+    locations = FlowLocations.of(spec, settings)
+    for gold in spec.gold:
+        path = str(paths[f"gold/{gold.table}"])
+        if not DeltaTable.isDeltaTable(spark, path):
+            print(f"\n== gold {gold.table}: not written yet")
+            continue
+        table = spark.read.format("delta").load(path)
+        split = locations.stage_checkpoint(f"gold.{gold.table}.split")
+        record = WatermarkLog(split, 0).latest()
+        watermark = record.watermark_micros if record else None
+        print(
+            f"\n== gold table {gold.table} at {path}: {table.count()} windows; watermark "
+            f"{micros_to_iso(watermark)} (newest event time - {gold.allowed_lateness})"
+        )
+        table.orderBy(F.desc("window_start"), *gold.group_by).drop("_updated_at").show(
+            8, truncate=False
+        )
+        late_path = str(paths[f"late/{gold.table}"])
+        if DeltaTable.isDeltaTable(spark, late_path):
+            late = spark.read.format("delta").load(late_path)
+            print(
+                f"== late-data table {gold.late.table}: {late.count()} rows that arrived after "
+                "their window closed (kept, never dropped)"
+            )
+            late.select(
+                "_event_time", "_watermark", "_window_start", "_window_end", *gold.group_by
+            ).orderBy("_event_time").show(8, truncate=False)
+            backfills = gold_backfills_path(paths[f"gold/{gold.table}"])
+            if DeltaTable.isDeltaTable(spark, str(backfills)):
+                done = spark.read.format("delta").load(str(backfills))
+                print(f"== backfills of {gold.table} (append-only record of the late rows covered)")
+                done.groupBy("backfill_id", "first_date", "last_date").agg(
+                    F.count(F.lit(1)).alias("late_rows_covered"), F.max("backfilled_at").alias("at")
+                ).orderBy("at").show(truncate=False)
+            left = unreconciled(spark, spec, settings, gold.table).count()
+            print(f"late rows of {gold.table} not yet reconciled by a backfill: {left}")
+            day = late.agg(F.max("_event_date")).first()
+            if day is not None and day[0] is not None:
+                print(f"gold {gold.table} on {day[0]}, the late rows' day:")
+                table.where(F.col("_event_date") == F.lit(day[0])).orderBy(
+                    "window_start", *gold.group_by
+                ).drop("_updated_at").show(8, truncate=False)
+
+
 def show_history(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
     """The history table's size, and every version of the key with the most of them."""
     assert spec.silver is not None and spec.silver.history is not None
@@ -105,6 +156,7 @@ def main() -> int:
             "version", "timestamp", "operation", "operationMetrics.numOutputRows"
         ).show(truncate=False)
         show_silver(spark, spec, settings)
+        show_gold(spark, spec, settings)
     spark.stop()
     return 0
 
