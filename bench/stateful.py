@@ -4,8 +4,8 @@ late rows, as a ratio to Spark's plain watermark drop.
 The harness side (:func:`run_gold_stateful`) runs this file as a child process, which:
 
 1. generates ``records`` silver-shaped events with ``keys`` distinct customers (1M by default:
-   1M state rows), event times rising over the rounds, and 1 % of the events of every round after
-   the second 30 minutes behind (late: their window has closed);
+   1M state rows, all in one daily window), event times rising over the rounds, and 1 % of the
+   events of every round after the second two days behind (late: their window has closed);
 2. feeds them in ``rounds`` appends to two events tables, one per runner, and after each append
    runs each runner to the end of its input (``availableNow``), the runners interleaved so that
    a slower moment of the machine hits both alike (the appends are not timed):
@@ -38,7 +38,8 @@ from bench.harness import Outcome, Row, run_plan_child, say, serve_plan_child
 
 RESULT_PREFIX = "bench.stateful "
 LATENESS = "5 minutes"
-WINDOW = "1 hour"
+#: One window holds every key, so the state holds them all (1M rows at 1M keys).
+WINDOW = "1 day"
 #: Event time covered by each round.
 ROUND_MINUTES = 12
 
@@ -62,7 +63,7 @@ def events_round(spark: Any, plan: Plan, round_index: int) -> Any:
     i = F.col("id")
     minutes = F.lit(round_index * ROUND_MINUTES) + (i - first) * ROUND_MINUTES / per_round
     late = (F.lit(round_index) >= 2) & (i % 100 == 0)
-    minutes = F.when(late, minutes - 30).otherwise(minutes)
+    minutes = F.when(late, minutes - 2 * 24 * 60).otherwise(minutes)  # a closed day's window
     base = F.lit("2026-11-20 00:00:00").cast("timestamp")
     return spark.range(first, first + per_round, 1, 4).select(
         F.concat(F.lit("c"), (i % plan.keys).cast("string")).alias("customer"),
@@ -260,7 +261,7 @@ def run_gold_stateful(workdir: Path, jars_dir: Path, plan: Plan) -> Outcome:
 def _rows(report: dict[str, Any]) -> list[Row]:
     records, seconds = report["records"], report["seconds"]
     notes = (
-        f"{records:,} events, {report['keys']:,} distinct keys, 1-hour windows, "
+        f"{records:,} events, {report['keys']:,} distinct keys, {WINDOW} windows, "
         f"{report['rounds']} availableNow rounds"
     )
     rows = []

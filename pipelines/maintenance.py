@@ -58,7 +58,13 @@ from typing import Any, Literal, TypeVar
 
 from pyspark.sql import SparkSession
 
-from pipelines.locations import FlowLocations, deleted_keys_path, gold_input_path, table_paths
+from pipelines.locations import (
+    FlowLocations,
+    deleted_keys_path,
+    gold_backfills_path,
+    gold_input_path,
+    table_paths,
+)
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, SilverTable, role_kind
 
@@ -142,6 +148,7 @@ def flow_tables(spec: FlowSpec, settings: Settings) -> list[MaintainedTable]:
             "current": silver.current,
             "history": silver.history,
         }
+    table_specs.update({f"gold/{gold.table}": gold for gold in spec.gold})
     tables = []
     for role, path in table_paths(spec, settings).items():
         table_spec = table_specs.get(role)
@@ -150,13 +157,19 @@ def flow_tables(spec: FlowSpec, settings: Settings) -> list[MaintainedTable]:
         )
         z_order = table_spec.z_order_by if table_spec is not None else ()
         tables.append(MaintainedTable(role, names[role], path, spec_field, z_order))
-        if role_kind(role) == "gold":  # the on-time rows its stateful query reads
+        if role_kind(role) == "gold":  # its input (the on-time rows) and its backfills' record
             name = role.split("/", 1)[1]
-            tables.append(
+            tables += [
                 MaintainedTable(
                     f"gold_input/{name}", f"{name}__input", gold_input_path(path), "gold"
-                )
-            )
+                ),
+                MaintainedTable(
+                    f"gold_backfills/{name}",
+                    f"{name}__backfills",
+                    gold_backfills_path(path),
+                    "gold",
+                ),
+            ]
         if role == "current":  # its side table holds keys and sequences: no Z-order of its own
             side = deleted_keys_path(path)
             name = f"{names[role]}__deleted_keys"

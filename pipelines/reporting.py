@@ -78,7 +78,9 @@ class Reporter:
         """Report each stage's totals; under Pipes, as the materialization of each table's asset.
 
         The launcher names the asset of each table in the Pipes extras ``asset_keys``:
-        ``"<flow>/<role>"`` (role: bronze, events, current, quarantine); ``"<flow>"`` is bronze.
+        ``"<flow>/<role>"`` (role: bronze, events, current, quarantine, history, ``gold/<table>``,
+        ``late/<table>``); ``"<flow>"`` is bronze. Roles without an asset (gold's input table) are
+        not reported.
         """
         for summary in summaries:
             print(_line(SUMMARY_PREFIX, summary), flush=True)

@@ -72,6 +72,8 @@ FILE_FORMATS = ("json", "csv", "parquet")
 TRIGGER_MODES = ("available_now", "continuous")
 SILVER_FORMATS = ("json", "debezium")
 SILVER_CHAININGS = ("stream", "bronze_batch")
+#: Folders beside the bronze checkpoint (``<checkpoints>/<flow>/<bronze table>``): stage checkpoints.
+RESERVED_CHECKPOINT_NAMES = ("silver", "gold")
 #: Columns bronze adds itself; a user partition column may use ``ingest_date`` too.
 BRONZE_PARTITION_COLUMNS = ("ingest_date", "topic")
 #: Columns silver adds to the events table after the schema's columns (``_sequence`` is computed
@@ -353,6 +355,16 @@ class Target(_Model):
         default=(),
         description="Partition columns, among: " + ", ".join(BRONZE_PARTITION_COLUMNS) + ".",
     )
+
+    @field_validator("table")
+    @classmethod
+    def _not_a_stage_folder(cls, table: str) -> str:
+        if table in RESERVED_CHECKPOINT_NAMES:
+            raise _error(
+                f"{table!r} is the name of a folder of the flow's checkpoints (the bronze "
+                "checkpoint is named after the table): choose another name"
+            )
+        return table
 
     @field_validator("partition_by")
     @classmethod
@@ -1292,6 +1304,9 @@ class GoldSpec(SilverTable):
         )
     )
 
+    path: LocalPath | None = Field(
+        default=None, description="Location of the table; default: `<lake>/gold/<table>`."
+    )
     description: StrictStr = Field(default="", description="What the table holds, for people.")
     event_time: Identifier = Field(
         default="_event_time",
@@ -1338,6 +1353,14 @@ class GoldSpec(SilverTable):
 
     @model_validator(mode="after")
     def _check_gold(self) -> GoldSpec:
+        if self.suite is not None:
+            raise _error("Great Expectations suites of gold tables are not supported yet", "suite")
+        if self.cluster_by:
+            raise _error(
+                "gold tables are partitioned by _event_date (backfills replace dates): use "
+                "z_order_by",
+                "cluster_by",
+            )
         names = [a.name for a in self.aggregates]
         for column in (*self.group_by, *names):
             if column in GOLD_METADATA_COLUMNS:

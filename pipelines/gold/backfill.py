@@ -28,23 +28,29 @@ from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from pipelines.delta_writes import retry_on_maintenance
+from pipelines.delta_writes import retry_on_maintenance, table_properties
 from pipelines.errors import ConfigError
 from pipelines.gold.windows import (
+    GOLD_PROPERTY,
     MICROS,
     aggregate_columns,
+    design_key,
     future_condition,
     gold_columns,
+    last_window_start,
     window_column,
 )
+from pipelines.identity import FLOW_ID_PROPERTY, read_identity
 from pipelines.locations import FlowLocations, gold_backfills_path, table_paths
+from pipelines.progress import delta_version
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
 
-COORDINATES = ("_source_topic", "_source_partition", "_source_offset")
+#: What identifies a late row (its event's place in the source).
+LATE_ROW_ID = ("_source_topic", "_source_partition", "_source_offset")
 
 
 class BackfillRefusedError(ConfigError):
@@ -76,6 +82,34 @@ def gold_of(spec: FlowSpec, table: str) -> GoldSpec:
     raise ConfigError(
         f"{spec.spec_file}: flow {spec.name} has no gold table {table!r} (its gold tables: {known})"
     )
+
+
+#: The order events arrived in: ingestion time, then the place in the source.
+ARRIVAL_ORDER = ("_ingested_at", "_source_partition", "_source_offset")
+
+
+def check_design(
+    spark: SparkSession, spec: FlowSpec, settings: Settings, gold: GoldSpec, gold_path: str
+) -> None:
+    """The gold table exists, belongs to this flow and was built under this spec's design."""
+    properties = table_properties(spark, gold_path)
+    where = f"{spec.spec_file}: gold ({gold.table})"
+    if properties is None:
+        raise BackfillRefusedError(f"{where}: no gold table at {gold_path} yet: run the flow first")
+    identity = read_identity(FlowLocations.of(spec, settings))
+    flow_id = properties.get(FLOW_ID_PROPERTY)
+    if identity is None or flow_id != identity.flow_id:
+        raise BackfillRefusedError(
+            f"{where}: the table at {gold_path} belongs to flow id {flow_id}, not to flow "
+            f"{spec.name}: point the spec at its own table"
+        )
+    built = properties.get(GOLD_PROPERTY)
+    if built != design_key(gold):
+        raise BackfillRefusedError(
+            f"{where}: the table was built under another design ({built}), the spec now says "
+            f"{design_key(gold)}: a backfill would mix both in one table. Change the spec back, "
+            f"or rebuild gold with `conflux reset {spec.name} --stage gold`"
+        )
 
 
 def stream_watermark_micros(checkpoint: Path) -> int | None:
@@ -128,7 +162,7 @@ def recompute(events: DataFrame, gold: GoldSpec, first: date, last: date) -> Dat
     high = closing_time(last, gold)
     if gold.event_time == "_event_time":  # the events' partition column: prune the dates
         events = events.where(F.col("_event_date").between(F.lit(low.date()), F.lit(high.date())))
-    kept = dict.fromkeys((*gold.input_columns(), "_ingested_at"))
+    kept = dict.fromkeys((*gold.input_columns(), *ARRIVAL_ORDER))
     rows = events.select(
         *(F.col(c) for c in kept if c != "_event_time"), event_time.alias("_event_time")
     ).where(
@@ -136,8 +170,9 @@ def recompute(events: DataFrame, gold: GoldSpec, first: date, last: date) -> Dat
         & (F.col("_event_time") < F.lit(high))
         & ~future_condition(F.col("_event_time"), F.col("_ingested_at"), gold)
     )
-    if gold.deduplicate:
-        rows = rows.dropDuplicates(list(gold.deduplicate))
+    if gold.deduplicate:  # the stream keeps a key's first arrival: so does the backfill
+        arrival = Window.partitionBy(*gold.deduplicate).orderBy(*ARRIVAL_ORDER)
+        rows = rows.withColumn("_nth", F.row_number().over(arrival)).where("_nth = 1").drop("_nth")
     grouped = rows.groupBy(
         window_column(F.col("_event_time"), gold).alias("window"), *gold.group_by
     )
@@ -162,6 +197,11 @@ def backfill(
     check_closed(first, last, gold, watermark, spec.name)
     paths = table_paths(spec, settings)
     gold_path = str(paths[f"gold/{gold.table}"])
+    check_design(spark, spec, settings, gold, gold_path)
+    # The late rows to record are those the events read next already hold: pin the late table
+    # first (a late row is appended after its event), so nothing arriving meanwhile is recorded.
+    late_path = str(paths[f"late/{gold.table}"])
+    late_version = delta_version(spark, late_path)
     rows = recompute(spark.read.format("delta").load(str(paths["events"])), gold, first, last)
     rows = rows.persist()
     try:
@@ -178,8 +218,11 @@ def backfill(
     finally:
         rows.unpersist()
     backfill_id = uuid.uuid4().hex[:12]
-    covered = _record(spark, paths[f"late/{gold.table}"], gold_path, backfill_id, first, last)
-    version = DeltaTable.forPath(spark, gold_path).history(1).first()
+    covered = 0
+    if late_version is not None:
+        late = spark.read.format("delta").option("versionAsOf", late_version).load(late_path)
+        covered = _record(late, gold, gold_path, backfill_id, first, last)
+    version = delta_version(spark, gold_path)
     return BackfillResult(
         flow=spec.name,
         table=gold.table,
@@ -189,26 +232,29 @@ def backfill(
         gold_rows=int(totals["n"]),
         rows_reflected=int(totals["r"] or 0),
         late_rows_covered=covered,
-        gold_version=int(version["version"]) if version is not None else None,
+        gold_version=version,
         closed_until=datetime.fromtimestamp((watermark or 0) / MICROS, UTC).isoformat(),
     )
 
 
 def _record(
-    spark: SparkSession, late_path: Path, gold_path: str, backfill_id: str, first: date, last: date
+    late: DataFrame, gold: GoldSpec, gold_path: str, backfill_id: str, first: date, last: date
 ) -> int:
-    """Append the late rows the backfill covered to ``<gold>__backfills``; how many."""
-    if not DeltaTable.isDeltaTable(spark, str(late_path)):
-        return 0
-    late = spark.read.format("delta").load(str(late_path))
+    """Append the late rows the backfill covered to ``<gold>__backfills``; how many.
+
+    A row is covered when every window holding it starts on a backfilled date (with sliding
+    windows its windows can start on two dates: a backfill of one of them does not cover it).
+    """
+    first_start = F.to_date("_window_start")
+    last_start = F.to_date(last_window_start(F.col("_event_time"), gold))
     covered = (
-        late.where(F.to_date("_window_start").between(F.lit(first), F.lit(last)))
+        late.where((first_start >= F.lit(first)) & (last_start <= F.lit(last)))
         .select(
             F.lit(backfill_id).alias("backfill_id"),
             F.current_timestamp().alias("backfilled_at"),
             F.lit(first).alias("first_date"),
             F.lit(last).alias("last_date"),
-            *COORDINATES,
+            *LATE_ROW_ID,
             "_event_time",
             "_event_date",
         )
@@ -233,5 +279,5 @@ def unreconciled(spark: SparkSession, spec: FlowSpec, settings: Settings, table:
     record = gold_backfills_path(paths[f"gold/{gold.table}"])
     if not DeltaTable.isDeltaTable(spark, str(record)):
         return late
-    covered = spark.read.format("delta").load(str(record)).select(*COORDINATES).distinct()
-    return late.join(covered, list(COORDINATES), "left_anti")
+    covered = spark.read.format("delta").load(str(record)).select(*LATE_ROW_ID).distinct()
+    return late.join(covered, list(LATE_ROW_ID), "left_anti")

@@ -26,6 +26,8 @@ from pyspark.sql import functions as F
 from pipelines.spec import GoldSpec, duration_seconds
 
 MICROS = 1_000_000
+#: The table property recording a gold table's :func:`design_key`.
+GOLD_PROPERTY = "conflux.gold.design"
 #: ``_gold_class`` of a row of a split batch.
 ON_TIME, LATE, NULL_TIME, FUTURE_TIME = "on_time", "late", "null_event_time", "future_event_time"
 
@@ -123,3 +125,27 @@ def gold_columns(gold: GoldSpec) -> list[Column]:
         F.to_date(F.col("window.start")).alias("_event_date"),
         F.current_timestamp().alias("_updated_at"),
     ]
+
+
+def design_key(gold: GoldSpec) -> str:
+    """What the rows of a gold table depend on (``conflux.gold.design``): a table built under
+    another design refuses to continue, and refuses backfills."""
+    window = f"{gold.window.duration}/{gold.window.slide or gold.window.duration}"
+    aggregates = ",".join(f"{a.name}={a.function}({a.column or ''})" for a in gold.aggregates)
+    return ";".join(
+        (
+            f"window={window}",
+            f"eventTime={gold.event_time}",
+            f"lateness={gold.allowed_lateness}",
+            f"groupBy={','.join(gold.group_by)}",
+            f"dedup={','.join(gold.deduplicate)}",
+            f"aggregates={aggregates}",
+        )
+    )
+
+
+def last_window_start(event_time: Column, gold: GoldSpec) -> Column:
+    """The start of the last window holding ``event_time`` (the slide boundary at or before it)."""
+    slide = gold.window.slide_seconds * MICROS
+    micros = F.unix_micros(event_time)
+    return F.timestamp_micros(micros - F.pmod(micros, F.lit(slide)))

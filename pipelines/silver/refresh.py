@@ -98,6 +98,12 @@ def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
         ConfigError: the flow has no silver stage of its own query to rebuild.
     """
     require_own_silver_query(spec, "refresh")
+    if spec.gold:
+        raise ConfigError(
+            f"{spec.spec_file}: flow {spec.name} has gold tables, which stream from the silver "
+            "events table that a full refresh overwrites: rebuild silver and gold together with "
+            f"`conflux reset {spec.name} --stage silver` (the next run rebuilds both from bronze)"
+        )
     locations = FlowLocations.of(spec, settings)
     pending = pending_refresh(locations)
     if pending is not None:

@@ -181,7 +181,7 @@ def check_table(
     if not started and has_data:
         raise IdentityError(
             f"{what} holds rows, but the {design.stage} checkpoint has no batch: starting again would "
-            f"read bronze from its start and write those rows twice. Restore the checkpoint, or "
+            f"read its input from the start and write those rows twice. Restore the checkpoint, or "
             f"run {rebuild}."
         )
     return "ok"

@@ -28,6 +28,8 @@ batch never advances Spark's watermark past rows of a split batch it has not rea
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,10 +50,12 @@ from pipelines.errors import ConfigError
 from pipelines.gold.watermark import WatermarkLog, micros_to_iso
 from pipelines.gold.windows import (
     FUTURE_TIME,
+    GOLD_PROPERTY,
     LATE,
     NULL_TIME,
     ON_TIME,
     aggregate_columns,
+    design_key,
     earliest_window_end,
     gold_columns,
     row_class,
@@ -64,7 +68,12 @@ from pipelines.identity import (
     read_identity,
 )
 from pipelines.lease import LeaseGuard
-from pipelines.locations import FlowLocations, gold_input_path, table_paths
+from pipelines.locations import (
+    FlowLocations,
+    gold_input_path,
+    table_paths,
+    write_json_atomically,
+)
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver.parse import ddl_struct
@@ -75,7 +84,6 @@ from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
 COORDINATES = ("_source_topic", "_source_partition", "_source_offset", "_batch_id", "_ingested_at")
 #: Far above the files one split batch writes: a stateful batch reads whole input versions.
 WHOLE_VERSIONS = "1000000"
-GOLD_PROPERTY = "conflux.gold.design"
 
 
 def gold_stages(
@@ -93,6 +101,17 @@ def gold_stages(
             GoldStage(spec, gold, settings, guard, on_commit),
         ]
     return stages
+
+
+def checkpoint_epoch(checkpoint: Path) -> str:
+    """A random id made with the split checkpoint (kept in it). The flow's quarantine outlives a
+    ``reset --stage gold``, whose new checkpoint restarts batch ids at 0: its appends from the
+    new checkpoint carry a new app id, so Delta does not skip them as replays."""
+    epoch_file = checkpoint / "conflux_epoch"
+    if not epoch_file.exists():
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(epoch_file, {"epoch": uuid.uuid4().hex[:12]})
+    return str(json.loads(epoch_file.read_text())["epoch"])
 
 
 def rebuild_hint(spec: FlowSpec) -> str:
@@ -179,27 +198,11 @@ class _GoldBase:
             table=table,
             path=path,
             schema=schema,
-            spec_properties={GOLD_PROPERTY: self._design_key()},
+            spec_properties={GOLD_PROPERTY: design_key(self.gold)},
             spec_field=f"gold ({self.gold.table})",
             rebuild=rebuild_hint(self.spec),
             stage=f"gold {self.gold.table}",
             **more,
-        )
-
-    def _design_key(self) -> str:
-        """What the rows of the gold tables depend on: another value refuses to continue."""
-        gold = self.gold
-        window = f"{gold.window.duration}/{gold.window.slide or gold.window.duration}"
-        return ";".join(
-            (
-                f"window={window}",
-                f"eventTime={gold.event_time}",
-                f"lateness={gold.allowed_lateness}",
-                f"groupBy={','.join(gold.group_by)}",
-                f"dedup={','.join(gold.deduplicate)}",
-                "aggregates="
-                + ",".join(f"{a.name}={a.function}({a.column or ''})" for a in gold.aggregates),
-            )
         )
 
     def _prepare_tables(self, spark: SparkSession, designs: list[TableDesign]) -> None:
@@ -258,9 +261,17 @@ class GoldSplitStage(_GoldBase):
             ],
         )
         self.columns = schema.fieldNames()
+        self.epoch = checkpoint_epoch(self.checkpoint)
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
-        return spark.readStream.format("delta").load(self.events_path)
+        """The events as a Delta stream, whole versions per batch: an existing events table (a
+        gold table added later, or rebuilt) is read in its first batch, which has no watermark
+        yet, so rows are never judged late by the order Delta lists old files in."""
+        return (
+            spark.readStream.format("delta")
+            .option("maxFilesPerTrigger", WHOLE_VERSIONS)
+            .load(self.events_path)
+        )
 
     def _rows(self, events: DataFrame) -> DataFrame:
         gold = self.gold
@@ -326,7 +337,7 @@ class GoldSplitStage(_GoldBase):
                         self.quarantine_table,
                         f"gold_quarantine/{gold.table}",
                         self.quarantine_path,
-                        self.app_id(f"{self.quarantine_table}-gold-{gold.table}"),
+                        self.app_id(f"{self.quarantine_table}-gold-{gold.table}-{self.epoch}"),
                         batch_id,
                     )
                 )

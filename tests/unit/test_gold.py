@@ -62,6 +62,10 @@ def test_a_gold_table_defaults_its_late_table_and_is_one_of_the_flows_tables() -
         ({"aggregates": [{"name": "_rows", "function": "count"}]}, "a column gold keeps itself"),
         ({"aggregates": []}, "is empty; give at least one"),
         ({"allowed_lateness": None}, "gold.0.allowed_lateness: is required"),
+        (
+            {"cluster_by": ["product"]},
+            "gold.0.cluster_by: gold tables are partitioned by _event_date",
+        ),
     ],
 )
 def test_gold_spec_errors_name_the_field_and_the_fix(change: dict[str, Any], message: str) -> None:
@@ -69,6 +73,13 @@ def test_gold_spec_errors_name_the_field_and_the_fix(change: dict[str, Any], mes
     data["gold"][0] = {k: v for k, v in data["gold"][0].items() if v is not None}
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_spec(data, "flows/shop.yaml")
+
+
+def test_a_bronze_table_cannot_take_a_stage_checkpoints_name() -> None:
+    data = spec()
+    data["target"] = {"table": "gold"}
+    with pytest.raises(SpecError, match="target.table: 'gold' is the name of a folder"):
+        parse_spec(data)
 
 
 def test_gold_needs_silver() -> None:
