@@ -32,6 +32,7 @@ from pipelines.locations import FlowLocations, table_paths
 from pipelines.settings import Settings
 from pipelines.spec import TRIGGER_MODES, FileSource, FlowSpec, KafkaSource
 from quality.checks import stream_check_specs
+from quality.gold_checks import gold_check_specs
 
 
 class FlowRunConfig(Config):
@@ -250,7 +251,15 @@ def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
     @multi_asset(
         name=f"flow_{spec.name}",
         specs=flow_specs(spec, settings),
-        check_specs=stream_check_specs(spec, events) if events is not None else None,
+        check_specs=[
+            *(stream_check_specs(spec, events) if events is not None else []),
+            *(
+                check
+                for gold in spec.gold
+                for check in gold_check_specs(gold, flow_table_keys(spec)[f"gold/{gold.table}"])
+            ),
+        ]
+        or None,
         can_subset=False,
         pool=flow_pool(spec),
         description=f"Flow {spec.name} ({spec.spec_file}).",

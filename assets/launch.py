@@ -55,6 +55,7 @@ from pipelines.silver.schema_changes import schema_change_stopped
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
 from quality.checks import RUN_FIRST_BATCH_ID, StreamChecks
+from quality.gold_checks import GoldChecks
 
 
 class RunWorkerGoneError(Exception):
@@ -240,7 +241,10 @@ class RunMonitor:
     lags: dict[str, Any] = field(default_factory=dict)
     #: Per flow with silver: the run's totals of its stream checks (:mod:`quality.checks`).
     checks: dict[str, StreamChecks] = field(default_factory=dict)
-    last_evaluations: float = field(default_factory=time.monotonic)
+    #: Per (flow, gold table): the run's totals of its checks (:mod:`quality.gold_checks`).
+    gold_checks: dict[tuple[str, str], GoldChecks] = field(default_factory=dict)
+    #: When each check group (by id) was last logged.
+    last_evaluated: dict[int, float] = field(default_factory=dict)
     last_heartbeat: float = field(default_factory=time.monotonic)
 
     def poll(self, messages: Sequence[Any], final: bool = False) -> None:
@@ -265,21 +269,30 @@ class RunMonitor:
         if message.get("stage", "bronze") == "bronze":
             self.lags[flow] = message.get("lag")
         quality = message.get("quality")
-        if quality and flow in self.checks and message.get("stage") == "silver":
+        stage = str(message.get("stage", "bronze"))
+        if quality and flow in self.checks and stage == "silver":
             checks = self.checks[flow]
-            changed = checks.add(message)
-            due = time.monotonic() - self.last_evaluations >= self.evaluation_interval
-            if changed or due:
-                for evaluation in checks.evaluations():
-                    self.context.log_event(evaluation)
-                self.last_evaluations = time.monotonic()
+            self._evaluate(checks, checks.add(message))
             relay = self.relays.get(checks.events)
             if relay is not None:
                 relay.add_quality(quality)
+        if stage.startswith("gold."):
+            gold = self.gold_checks.get((flow, stage.removeprefix("gold.").split(".", 1)[0]))
+            if gold is not None:
+                self._evaluate(gold, gold.add(message))
         for write in batch_writes(message):
             key = self.tables[flow].key_of(write)
             if key is not None and key in self.relays:
                 self.relays[key].add(message, write)
+
+    def _evaluate(self, checks: StreamChecks | GoldChecks, changed: bool) -> None:
+        """Log a check group's run so far: at once when a status changed, else at most once
+        per evaluation interval."""
+        last = self.last_evaluated.get(id(checks), 0.0)
+        if changed or time.monotonic() - last >= self.evaluation_interval:
+            for evaluation in checks.evaluations():
+                self.context.log_event(evaluation)
+            self.last_evaluated[id(checks)] = time.monotonic()
 
     def report_stops(self) -> None:
         """A flow stopped by a ``fail`` expectation or schema-change policy: that check fails,
@@ -376,6 +389,10 @@ def run_flows(
         events = events_key(spec)
         if events is not None:
             monitor.checks[spec.name] = StreamChecks(spec, events)
+            monitor.last_evaluated[id(monitor.checks[spec.name])] = time.monotonic()
+        for gold in spec.gold:
+            key = tables[spec.name].by_role[f"gold/{gold.table}"]
+            monitor.gold_checks[(spec.name, gold.table)] = GoldChecks(gold, key)
     worker_pid = run_worker_pid(context)
     context.instance.add_run_tags(
         context.run_id, {RUN_WORKER_TAG: f"{socket.gethostname()}:{worker_pid}"}
@@ -455,6 +472,8 @@ def run_flows(
     for spec in specs:
         if spec.name in monitor.checks:
             yield from monitor.checks[spec.name].results()
+        for gold in spec.gold:
+            yield from monitor.gold_checks[(spec.name, gold.table)].results()
         if (trigger or spec.trigger.mode) != "available_now":
             continue  # a stopped continuous run: its tables' progress was reported as it went
         for key in tables[spec.name].by_role.values():

@@ -359,6 +359,9 @@ def test_a_gold_flow_and_its_backfill_asset(conflux_env: Path, kafka_broker: Kaf
         assert materialized[gold]["rows_written"] == len(rows) == 4  # three windows + the 12th
         assert sum(r["_rows"] for r in rows) == len(sent)
         assert late in materialized and materialized[late]["rows_written"] == 0
+        checks = {(e.asset_key, e.check_name): e for e in run.get_asset_check_evaluations()}
+        for name in ("rows_accounted", "late_rows", "watermark_drops"):
+            assert checks[(gold, name)].passed, name
 
         def backfill_run(day: str, raise_on_error: bool = True):
             return materialize(

@@ -78,7 +78,7 @@ def test_gold_spec_errors_name_the_field_and_the_fix(change: dict[str, Any], mes
 def test_a_bronze_table_cannot_take_a_stage_checkpoints_name() -> None:
     data = spec()
     data["target"] = {"table": "gold"}
-    with pytest.raises(SpecError, match="target.table: 'gold' is the name of a folder"):
+    with pytest.raises(SpecError, match=r"target\.table: 'gold' is the name of a folder"):
         parse_spec(data)
 
 
@@ -155,3 +155,32 @@ def test_only_closed_dates_can_be_backfilled() -> None:
         check_closed(day, day, gold, None, "shop")
     with pytest.raises(BackfillRefusedError, match="is before --from"):
         check_closed(day, date(2026, 11, 19), gold, micros("2026-12-01T00:00:00"), "shop")
+
+
+def test_gold_checks_follow_the_split_and_the_stateful_batches() -> None:
+    from dagster import AssetKey
+
+    from quality.gold_checks import LATE_ROWS, ROWS_ACCOUNTED, WATERMARK_DROPS, GoldChecks
+
+    gold = parse_spec(spec()).gold[0]
+    checks = GoldChecks(gold, AssetKey(["gold", "revenue"]))
+    split = {
+        "stage": "gold.revenue.split",
+        "batch_id": 0,
+        "input_rows": 10,
+        "quality": {"rows_in": 10, "on_time": 8, "late": 0, "quarantined": 2},
+        "writes": [{"role": "gold_input/revenue", "rows": 8, "skipped": False}],
+    }
+    assert not checks.add(split)
+    assert all(checks.passed(n) for n in (ROWS_ACCOUNTED, LATE_ROWS, WATERMARK_DROPS))
+    late = {**split, "batch_id": 1, "quality": {**split["quality"], "on_time": 7, "late": 1}}
+    late["writes"] = [{"role": "gold_input/revenue", "rows": 7, "skipped": False}]
+    assert checks.add(late)  # late rows: a warning, kept in the late table
+    assert not checks.passed(LATE_ROWS) and checks.passed(ROWS_ACCOUNTED)
+    wrong = {**split, "batch_id": 2, "input_rows": 11}
+    assert checks.add(wrong) and not checks.passed(ROWS_ACCOUNTED)
+    stateful = {"stage": "gold.revenue", "batch_id": 0, "state": {"rows_dropped_by_watermark": 3}}
+    assert checks.add(stateful) and not checks.passed(WATERMARK_DROPS)
+    results = {r.check_name: r for r in checks.results()}
+    assert results[LATE_ROWS].severity.value == "WARN"
+    assert results[WATERMARK_DROPS].severity.value == "ERROR"
