@@ -79,6 +79,7 @@ from pipelines.settings import Settings
 from pipelines.silver.parse import ddl_struct
 from pipelines.silver.tables import TableDesign, ensure_table
 from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
+from pipelines.stages import Stage
 
 #: Columns of the silver events every input (and late) row keeps: where it came from.
 COORDINATES = ("_source_topic", "_source_partition", "_source_offset", "_batch_id", "_ingested_at")
@@ -92,9 +93,9 @@ def gold_stages(
     guard: LeaseGuard | None,
     on_commit: Callable[[BatchCommit], None],
     _full_refresh: bool = False,
-) -> list[Any]:
+) -> list[Stage]:
     """The two stages of each gold table of the spec, in order (split, then aggregation)."""
-    stages: list[Any] = []
+    stages: list[Stage] = []
     for gold in spec.gold:
         stages += [
             GoldSplitStage(spec, gold, settings, guard, on_commit),
