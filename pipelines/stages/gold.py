@@ -127,6 +127,8 @@ class _GoldBase:
 
     own_query = True
     output_mode = "append"
+    #: What follows ``gold.<table>`` in the stage's kind (and its query's name).
+    kind_suffix = ""
 
     def __init__(
         self,
@@ -135,11 +137,11 @@ class _GoldBase:
         settings: Settings,
         guard: LeaseGuard | None,
         on_commit: Callable[[BatchCommit], None],
-        kind: str,
     ) -> None:
         assert spec.silver is not None, "validated: gold reads the silver events"
         self.spec, self.gold, self.settings = spec, gold, settings
         self.guard, self.on_commit = guard, on_commit
+        kind = f"gold.{gold.table}{self.kind_suffix}"
         self.kind = kind
         self.query_name = f"{spec.name}.{kind}"
         self.locations = FlowLocations.of(spec, settings)
@@ -153,6 +155,11 @@ class _GoldBase:
         self.input_path = str(gold_input_path(paths[f"gold/{gold.table}"]))
         self.input_table = f"{gold.table}__input"
         self.identity: FlowIdentity | None = None
+        self.main_table, self.tables = self._own_tables()
+
+    def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
+        """The stage's main table, and role -> (table, path) of the tables it writes."""
+        raise NotImplementedError
 
     def app_id(self, table: str) -> str:
         assert self.identity is not None, "prepare() runs before any batch"
@@ -219,21 +226,15 @@ class _GoldBase:
 class GoldSplitStage(_GoldBase):
     """The split query of one gold table (see the module doc)."""
 
-    def __init__(
-        self,
-        spec: FlowSpec,
-        gold: GoldSpec,
-        settings: Settings,
-        guard: LeaseGuard | None,
-        on_commit: Callable[[BatchCommit], None],
-    ) -> None:
-        super().__init__(spec, gold, settings, guard, on_commit, f"gold.{gold.table}.split")
-        self.main_table = self.input_path
-        self.tables = {
+    kind_suffix = ".split"
+
+    def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
+        gold = self.gold
+        self.watermarks = WatermarkLog(self.checkpoint, duration_seconds(gold.allowed_lateness))
+        return self.input_path, {
             f"late/{gold.table}": (gold.late.table, self.late_path),
             f"gold_input/{gold.table}": (self.input_table, self.input_path),
         }
-        self.watermarks = WatermarkLog(self.checkpoint, duration_seconds(gold.allowed_lateness))
 
     def prepare(self, spark: SparkSession) -> None:
         schema = self._input_schema(spark)
@@ -409,17 +410,8 @@ class GoldStage(_GoldBase):
 
     output_mode = "update"
 
-    def __init__(
-        self,
-        spec: FlowSpec,
-        gold: GoldSpec,
-        settings: Settings,
-        guard: LeaseGuard | None,
-        on_commit: Callable[[BatchCommit], None],
-    ) -> None:
-        super().__init__(spec, gold, settings, guard, on_commit, f"gold.{gold.table}")
-        self.main_table = self.gold_path
-        self.tables = {f"gold/{gold.table}": (gold.table, self.gold_path)}
+    def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
+        return self.gold_path, {f"gold/{self.gold.table}": (self.gold.table, self.gold_path)}
 
     def prepare(self, spark: SparkSession) -> None:
         schema = self._input_schema(spark)
