@@ -46,11 +46,12 @@ broker-status: ## Show the local Kafka broker's state and health
 demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster
 	$(PY) platform/demo/produce_sample.py
 	$(VENV)/bin/dagster job execute -m assets.definitions -a defs -j ingest_incremental
-	@echo; echo "== late orders (placed two days ago) arrive; the gold table's watermark sends them to its late table"
+	@echo; echo "== late orders and payments (two days ago) arrive; the gold watermarks send them to the late tables"
 	$(PY) platform/demo/produce_sample.py --late 5
-	$(VENV)/bin/conflux run orders --once
-	@echo; echo "== backfill of their day, as the Dagster asset backfill/revenue_10m (one partition)"
-	$(VENV)/bin/dagster asset materialize -m assets.definitions -a defs --select backfill/revenue_10m \
+	$(VENV)/bin/conflux run payments orders --once
+	@echo; echo "== backfill of their day, as the Dagster assets backfill/revenue_10m and backfill/order_payments"
+	$(VENV)/bin/dagster asset materialize -m assets.definitions -a defs \
+		--select backfill/revenue_10m,backfill/order_payments \
 		--partition $$($(PY) platform/demo/produce_sample.py --late-day)
 	$(PY) platform/demo/show_tables.py
 	@echo; echo "== conflux flows"; $(VENV)/bin/conflux flows

@@ -29,13 +29,13 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from assets.keys import flow_table_keys
+from assets.keys import flow_table_keys, gold_input_keys
 from pipelines.gold.backfill import BackfillRefusedError, backfill
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, GoldSpec
+from pipelines.spec import AnyGold, FlowSpec
 
 
-def backfill_key(gold: GoldSpec) -> AssetKey:
+def backfill_key(gold: AnyGold) -> AssetKey:
     return AssetKey(["backfill", gold.table])
 
 
@@ -47,13 +47,13 @@ def _date(partition_key: str) -> date:
     return datetime.strptime(partition_key, "%Y-%m-%d").date()
 
 
-def backfill_asset(spec: FlowSpec, gold: GoldSpec, settings: Settings) -> AssetsDefinition:
+def backfill_asset(spec: FlowSpec, gold: AnyGold, settings: Settings) -> AssetsDefinition:
     keys = flow_table_keys(spec)
     gold_key, late_key = keys[f"gold/{gold.table}"], keys[f"late/{gold.table}"]
 
     @asset(
         key=backfill_key(gold),
-        deps=[keys["events"], gold_key, late_key],
+        deps=[*gold_input_keys(spec, gold), gold_key, late_key],
         partitions_def=DailyPartitionsDefinition(start_date=gold.partitions_start.isoformat()),
         backfill_policy=BackfillPolicy.single_run(),
         group_name="gold",

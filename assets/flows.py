@@ -25,12 +25,19 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.keys import bronze_key, events_key, flow_table_keys
+from assets.keys import bronze_key, events_key, flow_table_keys, gold_input_keys
 from assets.launch import run_flows
 from assets.resources import SparkSubmitResource
 from pipelines.locations import FlowLocations, table_paths
 from pipelines.settings import Settings
-from pipelines.spec import TRIGGER_MODES, FileSource, FlowSpec, KafkaSource
+from pipelines.spec import (
+    TRIGGER_MODES,
+    FileSource,
+    FlowSpec,
+    GoldJoinSpec,
+    GoldSpec,
+    KafkaSource,
+)
 from quality.checks import stream_check_specs
 from quality.gold_checks import gold_check_specs
 
@@ -172,55 +179,98 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     return specs
 
 
+def _aggregate_asset(spec: FlowSpec, gold: GoldSpec) -> tuple[str, str, dict[str, Any]]:
+    """A gold table of windowed aggregates: its description, what its late rows missed, and
+    its metadata."""
+    window = gold.window.duration + (
+        f" sliding every {gold.window.slide}" if gold.window.slide else ""
+    )
+    by = f" by {', '.join(gold.group_by)}" if gold.group_by else ""
+    description = (
+        f"Flow {spec.name}: {', '.join(a.name for a in gold.aggregates)} per {window} window{by} "
+        f"of the events' {gold.event_time}; updated as batches commit (open windows included), "
+        "late rows reconciled by backfills."
+    )
+    metadata = {
+        "event_time": gold.event_time,
+        "window": window,
+        "group_by": list(gold.group_by),
+        "deduplicate": list(gold.deduplicate),
+    }
+    return description, "with the watermark at arrival and the window they missed", metadata
+
+
+def _join_asset(spec: FlowSpec, gold: GoldJoinSpec) -> tuple[str, str, dict[str, Any]]:
+    """A gold join: its description, what its late rows missed, and its metadata."""
+    join = gold.join
+    right = join.right_flow(spec.name)
+    within = f"within -{join.within.before} / +{join.within.after}"
+    description = (
+        f"Flow {spec.name}: its events ({join.left.event_time}) {join.how.replace('_', ' ')} "
+        f"joined with flow {right}'s events ({join.right.event_time}) on "
+        f"{', '.join(join.keys)} {within}; pairs appended as they match"
+        + (
+            ", unmatched events once the watermark passes their bound"
+            if join.how != "inner"
+            else ""
+        )
+        + "; late rows reconciled by backfills."
+    )
+    metadata = {
+        "join": join.how,
+        "keys": list(join.keys),
+        "within": within,
+        "left_event_time": join.left.event_time,
+        "right_flow": right,
+        "right_event_time": join.right.event_time,
+    }
+    return description, "of either side (`_side`), with the watermark at arrival", metadata
+
+
 def gold_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
-    """Per gold table: the table (windowed aggregates of the events) and its late-data table."""
+    """Per gold table: the table (windowed aggregates or a join of the events) and its late-data
+    table."""
     keys = flow_table_keys(spec)
     paths = table_paths(spec, settings)
     locations = FlowLocations.of(spec, settings)
     specs = []
     for gold in spec.gold:
-        window = gold.window.duration + (
-            f" sliding every {gold.window.slide}" if gold.window.slide else ""
-        )
+        deps = gold_input_keys(spec, gold)
+        if isinstance(gold, GoldJoinSpec):
+            description, missed, metadata = _join_asset(spec, gold)
+        else:
+            description, missed, metadata = _aggregate_asset(spec, gold)
         common = {
             "flow": spec.name,
             "spec_file": spec.spec_file,
             "trigger": spec.trigger.mode,
-            "event_time": gold.event_time,
             "allowed_lateness": gold.allowed_lateness,
-            "window": window,
         }
-        events = keys["events"]
-        by = f" by {', '.join(gold.group_by)}" if gold.group_by else ""
         specs += [
             AssetSpec(
                 key=keys[f"gold/{gold.table}"],
-                deps=[events],
+                deps=deps,
                 group_name="gold",
                 kinds={"spark", "delta"},
-                description=gold.description
-                or f"Flow {spec.name}: {', '.join(a.name for a in gold.aggregates)} per "
-                f"{window} window{by} of the events' {gold.event_time}; updated as batches "
-                "commit (open windows included), late rows reconciled by backfills.",
+                description=gold.description or description,
                 metadata={
                     **common,
+                    **metadata,
                     "table_path": str(paths[f"gold/{gold.table}"]),
                     "checkpoint": str(locations.stage_checkpoint(f"gold.{gold.table}")),
-                    "group_by": list(gold.group_by),
-                    "deduplicate": list(gold.deduplicate),
                 },
                 tags={"conflux/trigger": spec.trigger.mode},
                 skippable=True,
             ),
             AssetSpec(
                 key=keys[f"late/{gold.table}"],
-                deps=[events],
+                deps=deps,
                 group_name="gold",
                 kinds={"spark", "delta"},
-                description=f"Late rows of gold {gold.table}: events that arrived after their "
-                f"window closed (watermark = newest event time - {gold.allowed_lateness}), with "
-                "the watermark at arrival and the window they missed; never dropped.",
-                metadata={**common, "table_path": str(paths[f"late/{gold.table}"])},
+                description=f"Late rows of gold {gold.table}: events that arrived behind the "
+                f"watermark (newest event time - {gold.allowed_lateness}), {missed}; never "
+                "dropped.",
+                metadata={**common, **metadata, "table_path": str(paths[f"late/{gold.table}"])},
                 tags={"conflux/trigger": spec.trigger.mode},
                 skippable=True,
             ),

@@ -8,7 +8,7 @@ if the spec has one, ``current`` (``silver/<current table>``); per gold table ``
 
 from dagster import AssetKey
 
-from pipelines.spec import FlowSpec, role_kind
+from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, join_input, role_kind
 
 
 def bronze_key(spec: FlowSpec) -> AssetKey:
@@ -61,3 +61,13 @@ def flow_asset_keys(spec: FlowSpec) -> list[AssetKey]:
 def table_names(spec: FlowSpec) -> dict[str, str]:
     """The table name of each of the flow's tables, by role (the keys' last part)."""
     return {role: key.path[-1] for role, key in flow_table_keys(spec).items()}
+
+
+def gold_input_keys(spec: FlowSpec, gold: AnyGold) -> list[AssetKey]:
+    """The silver events a gold table reads: the flow's, and a join's other flow's."""
+    keys = [flow_table_keys(spec)["events"]]
+    if isinstance(gold, GoldJoinSpec):
+        other = join_input(spec, gold)
+        if other.name != spec.name:
+            keys.append(flow_table_keys(other)["events"])
+    return keys

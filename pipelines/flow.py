@@ -24,13 +24,38 @@ from pipelines.delta_writes import TableWrite
 from pipelines.lease import LeaseGuard
 from pipelines.progress import BatchCommit, ProgressTracker
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec
+from pipelines.spec import FlowSpec, GoldJoinSpec, GoldSpec
 from pipelines.stages import Stage
 from pipelines.stages.bronze import BronzeStage
-from pipelines.stages.gold import gold_stages
+from pipelines.stages.gold import GoldSplitStage, GoldStage
+from pipelines.stages.gold_join import JoinSplitStage, JoinStage
 from pipelines.stages.silver import SilverStage
 
 OnCommit = Callable[[BatchCommit], None]
+#: The two queries of each kind of gold table: the split, then the stateful one.
+GOLD_KINDS: dict[
+    type, tuple[type[GoldSplitStage | JoinSplitStage], type[GoldStage | JoinStage]]
+] = {
+    GoldSpec: (GoldSplitStage, GoldStage),
+    GoldJoinSpec: (JoinSplitStage, JoinStage),
+}
+
+
+def gold_stages(
+    spec: FlowSpec,
+    settings: Settings,
+    guard: LeaseGuard | None,
+    on_commit: OnCommit,
+    _full_refresh: bool = False,
+) -> list[Stage]:
+    """The two stages of each gold table of the spec, in order (split, then stateful)."""
+    stages: list[Stage] = []
+    for gold in spec.gold:
+        for stage_class in GOLD_KINDS[type(gold)]:
+            stages.append(stage_class(spec, gold, settings, guard, on_commit))
+    return stages
+
+
 #: Builds a kind's stages: (spec, settings, lease guard, on commit, full refresh) -> the stages.
 StageBuilder = Callable[[FlowSpec, Settings, LeaseGuard | None, OnCommit, bool], list[Stage]]
 #: Stage kinds in flow order: whether a spec declares the stage, and how to build its stages

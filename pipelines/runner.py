@@ -147,6 +147,10 @@ def lease_problem(guards: Sequence[LeaseGuard]) -> str | None:
     return None
 
 
+#: The stage kinds that write a flow's silver events (which other flows' stages may read).
+FEEDING_KINDS = ("bronze", "silver")
+
+
 class Phases:
     """Starts each flow's stage queries phase by phase (:meth:`FlowPipeline.phases`): a flow's
     next phase starts once all its queries of the current one ended cleanly, independently of
@@ -158,6 +162,7 @@ class Phases:
         self.spark, self.trigger_mode = spark, trigger_mode
         self.pipelines = {p.spec.name: p for p in pipelines}
         self.pending = {p.spec.name: deque(p.phases(trigger_mode)) for p in pipelines}
+        self.trigger_modes = {p.spec.name: trigger_mode or p.spec.trigger.mode for p in pipelines}
         self.running: dict[str, list[str]] = {}
 
     @property
@@ -184,15 +189,38 @@ class Phases:
             raise
         return started
 
+    def _feeds_others(self, flow: str, queries: dict[str, StreamingQuery]) -> bool:
+        """Whether ``flow`` still has a bronze or silver query to run or running (another flow's
+        stage that reads its events waits for those)."""
+        pending = [s for phase in self.pending[flow] for s in phase]
+        running = [
+            s
+            for s in self.pipelines[flow].stages
+            if s.query_name in self.running.get(flow, []) and queries[s.query_name].isActive
+        ]
+        return any(s.kind in FEEDING_KINDS for s in (*pending, *running))
+
     def advance(self, queries: dict[str, StreamingQuery]) -> dict[str, StreamingQuery]:
-        """Start the next phase of every flow whose current phase ended without failing."""
+        """Start the next phase of every flow whose current phase ended without failing, and
+        whose stages of that phase read no flow of the application still feeding its events."""
         started: dict[str, StreamingQuery] = {}
-        for flow, names in self.running.items():
+        for flow, names in list(self.running.items()):
             current = [queries[name] for name in names]
-            if self.pending[flow] and all(
+            if not self.pending[flow] or not all(
                 not q.isActive and q.exception() is None for q in current
             ):
-                started.update(self.start(flow))
+                continue
+            waits_for = {
+                other
+                for stage in self.pending[flow][0]
+                for other in stage.reads_flows
+                if other in self.pipelines and other != flow
+            }
+            if self.trigger_modes[flow] == "available_now" and any(
+                self._feeds_others(other, queries) for other in waits_for
+            ):
+                continue
+            started.update(self.start(flow))
         return started
 
 
@@ -332,8 +360,11 @@ def _run_owned(
     spark.streams.addListener(tracker)
     code = EXIT_OK
     try:
-        for pipeline in pipelines:
-            pipeline.prepare(spark)  # every flow's tables checked before any query starts
+        read = {flow for p in pipelines for s in p.stages for flow in s.reads_flows}
+        # every flow's tables checked before any query starts; flows whose events another
+        # flow's stage reads first (they create their events table)
+        for pipeline in sorted(pipelines, key=lambda p: p.spec.name not in read):
+            pipeline.prepare(spark)
         phases = Phases(pipelines, spark, trigger_mode)
         queries = phases.start_first()
         reporter.info(f"started flows {', '.join(queries)} (lease owner {owner})")

@@ -41,11 +41,13 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
+    Tag,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -1294,9 +1296,8 @@ class LateTable(_Model):
     )
 
 
-class GoldSpec(SilverTable):
-    """A gold table: windowed aggregates of the flow's silver events by event time, kept up to
-    date by a stateful stream (RocksDB state), with late rows captured instead of dropped."""
+class _GoldTable(SilverTable):
+    """What every gold table declares: where it lives, its lateness and its late-data table."""
 
     model_config = ConfigDict(
         json_schema_extra=lambda schema: schema.update(
@@ -1308,33 +1309,15 @@ class GoldSpec(SilverTable):
         default=None, description="Location of the table; default: `<lake>/gold/<table>`."
     )
     description: StrictStr = Field(default="", description="What the table holds, for people.")
-    event_time: Identifier = Field(
-        default="_event_time",
-        description="The event-time column of the silver events (a TIMESTAMP); default: the "
-        "events' `_event_time`.",
-    )
     allowed_lateness: Duration = Field(
         description="How far behind the newest event time an event may arrive and still count: "
-        "the watermark is max(event time) - allowed_lateness; a row whose window closed under "
-        "it goes to the late-data table."
+        "the watermark is max(event time) - allowed_lateness; a row the stream can no longer "
+        "take under it goes to the late-data table."
     )
     max_future_skew: Duration = Field(
         default="1 hour",
         description="An event time later than its ingestion time plus this is quarantined (it "
         "would push the watermark and make every other row late).",
-    )
-    window: WindowSpec = Field(description="The event-time window of each aggregate row.")
-    group_by: tuple[Identifier, ...] = Field(
-        default=(), description="Group keys besides the window (columns of the silver events)."
-    )
-    aggregates: tuple[Aggregate, ...] = Field(
-        min_length=1, description="The aggregate columns (a row count `_rows` is always kept)."
-    )
-    deduplicate: tuple[Identifier, ...] = Field(
-        default=(),
-        description="Drop an event whose values of these columns an earlier event of the "
-        "watermark's span had (Spark's dropDuplicatesWithinWatermark); then a row is late when "
-        "its event time is not above the watermark.",
     )
     late: LateTable = Field(
         description="Where late rows go; default table: `<table>_late`.",
@@ -1352,7 +1335,7 @@ class GoldSpec(SilverTable):
         return data
 
     @model_validator(mode="after")
-    def _check_gold(self) -> GoldSpec:
+    def _check_table(self) -> _GoldTable:
         if self.suite is not None:
             raise _error("Great Expectations suites of gold tables are not supported yet", "suite")
         if self.cluster_by:
@@ -1361,6 +1344,42 @@ class GoldSpec(SilverTable):
                 "z_order_by",
                 "cluster_by",
             )
+        return self
+
+    def design_key(self) -> str:
+        raise NotImplementedError
+
+    def closing_delay_seconds(self) -> int:
+        """How far past the end of an event date the watermark must be before the stream can
+        change none of that date's gold rows again (a backfill of the date is then final)."""
+        raise NotImplementedError
+
+
+class GoldSpec(_GoldTable):
+    """A gold table: windowed aggregates of the flow's silver events by event time, kept up to
+    date by a stateful stream (RocksDB state), with late rows captured instead of dropped."""
+
+    event_time: Identifier = Field(
+        default="_event_time",
+        description="The event-time column of the silver events (a TIMESTAMP); default: the "
+        "events' `_event_time`.",
+    )
+    window: WindowSpec = Field(description="The event-time window of each aggregate row.")
+    group_by: tuple[Identifier, ...] = Field(
+        default=(), description="Group keys besides the window (columns of the silver events)."
+    )
+    aggregates: tuple[Aggregate, ...] = Field(
+        min_length=1, description="The aggregate columns (a row count `_rows` is always kept)."
+    )
+    deduplicate: tuple[Identifier, ...] = Field(
+        default=(),
+        description="Drop an event whose values of these columns an earlier event of the "
+        "watermark's span had (Spark's dropDuplicatesWithinWatermark); then a row is late when "
+        "its event time is not above the watermark.",
+    )
+
+    @model_validator(mode="after")
+    def _check_gold(self) -> GoldSpec:
         names = [a.name for a in self.aggregates]
         for column in (*self.group_by, *names):
             if column in GOLD_METADATA_COLUMNS:
@@ -1369,6 +1388,25 @@ class GoldSpec(SilverTable):
             if name in names[:index] or name in self.group_by:
                 raise _error(f"{name!r} is already a column of the table", f"aggregates.{index}")
         return self
+
+    def closing_delay_seconds(self) -> int:
+        return duration_seconds(self.window.duration)
+
+    def design_key(self) -> str:
+        """What the rows of the table depend on (table property ``conflux.gold.design``): a
+        table built under another design refuses to continue, and refuses backfills."""
+        window = f"{self.window.duration}/{self.window.slide or self.window.duration}"
+        aggregates = ",".join(f"{a.name}={a.function}({a.column or ''})" for a in self.aggregates)
+        return ";".join(
+            (
+                f"window={window}",
+                f"eventTime={self.event_time}",
+                f"lateness={self.allowed_lateness}",
+                f"groupBy={','.join(self.group_by)}",
+                f"dedup={','.join(self.deduplicate)}",
+                f"aggregates={aggregates}",
+            )
+        )
 
     def input_columns(self) -> tuple[str, ...]:
         """The silver events' columns the stage reads (besides the event time)."""
@@ -1382,6 +1420,152 @@ class GoldSpec(SilverTable):
     def table_columns(self) -> tuple[str, ...]:
         return ("window_start", "window_end", *self.group_by, *(a.name for a in self.aggregates),
                 "_rows", "_event_date", "_updated_at")  # fmt: skip
+
+
+#: Columns a join's gold table keeps itself.
+JOIN_METADATA_COLUMNS = ("_left_time", "_right_time", "_matched", "_event_date", "_joined_at")
+JOIN_SIDES = ("left", "right")
+
+
+class JoinSide(_Model):
+    """One input of a stream-stream join: rows of a flow's silver events."""
+
+    event_time: Identifier = Field(
+        default="_event_time",
+        description="The side's event-time column (a TIMESTAMP); default: the events' "
+        "`_event_time`.",
+    )
+    columns: tuple[Identifier, ...] = Field(
+        default=(), description="Columns of the side's events the joined table keeps."
+    )
+    prefix: StrictStr = Field(
+        default="",
+        description="Put before the side's column names in the joined table (for two sides "
+        "with a column of one name), e.g. `payment_`.",
+    )
+    where: StrictStr | None = Field(
+        default=None,
+        description="A Spark SQL condition on the side's events: only rows meeting it join "
+        "(and count for its watermark).",
+    )
+
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(self.prefix + c for c in self.columns)
+
+
+class RightSide(JoinSide):
+    """The right input of a join: this flow's events or another flow's."""
+
+    flow: Identifier | None = Field(
+        default=None,
+        description="The flow whose silver events are the right side (read as a Delta stream "
+        "by this flow's Spark application); default: this flow.",
+    )
+
+
+class TimeBound(_Model):
+    """How far apart in event time a left and a right row may be and still join."""
+
+    before: Duration = Field(
+        default="0 seconds",
+        description="A right row may be this much earlier than the left row; default: 0.",
+    )
+    after: Duration = Field(description="A right row may be this much later than the left row.")
+
+
+class JoinSpec(_Model):
+    """A stream-stream join of this flow's events (left) with a flow's events (right)."""
+
+    how: Literal["inner", "left_outer"] = Field(
+        default="inner",
+        description="inner: matched pairs only; left_outer: also every left row without a "
+        "match, once the watermark passes its time bound (right columns null).",
+    )
+    keys: tuple[Identifier, ...] = Field(
+        min_length=1,
+        description="Key columns both sides have; rows join when all are equal (null never "
+        "equals).",
+    )
+    left: JoinSide = Field(default=JoinSide(), description="This flow's events.")
+    right: RightSide = Field(description="The other side's events.")
+    within: TimeBound = Field(
+        description="The time bound: right event time between left event time - `before` and "
+        "left event time + `after` (it also bounds the join's state)."
+    )
+
+    def right_flow(self, flow: str) -> str:
+        return self.right.flow or flow
+
+
+class GoldJoinSpec(_GoldTable):
+    """A gold table of a stream-stream join within a time bound, with watermarks on both sides;
+    rows of either side that arrive behind the watermark are captured in the late-data table."""
+
+    join: JoinSpec = Field(description="The join.")
+
+    @model_validator(mode="after")
+    def _check_join(self) -> GoldJoinSpec:
+        seen: dict[str, str] = {}
+        for name, where in (
+            *((k, "join.keys") for k in self.join.keys),
+            *((n, "join.left.columns") for n in self.join.left.output_names()),
+            *((n, "join.right.columns") for n in self.join.right.output_names()),
+        ):
+            if name in JOIN_METADATA_COLUMNS:
+                raise _error(f"{name!r} is a column the join keeps itself; choose another", where)
+            if name in seen and where != "join.keys" and name not in self.join.keys:
+                raise _error(
+                    f"{name!r} is already a column of the table (from {seen[name]}): give the "
+                    "side a `prefix`, or leave one of them out",
+                    where,
+                )
+            seen.setdefault(name, where)
+        return self
+
+    def closing_delay_seconds(self) -> int:
+        return duration_seconds(self.join.within.after)
+
+    def design_key(self) -> str:
+        """What the rows of the table depend on (see :meth:`GoldSpec.design_key`)."""
+        join = self.join
+
+        def side(s: JoinSide) -> str:
+            return f"{s.event_time}:{','.join(s.columns)}:{s.prefix}:{s.where or ''}"
+
+        return ";".join(
+            (
+                f"join={join.how}",
+                f"keys={','.join(join.keys)}",
+                f"within=-{join.within.before}/+{join.within.after}",
+                f"lateness={self.allowed_lateness}",
+                f"left={side(join.left)}",
+                f"right={join.right.flow or ''}/{side(join.right)}",
+            )
+        )
+
+    def side_columns(self, side: str) -> tuple[str, ...]:
+        """The silver events' columns one side reads (besides its event time): keys first."""
+        chosen = self.join.left if side == "left" else self.join.right
+        return tuple(dict.fromkeys((*self.join.keys, *chosen.columns)))
+
+    def table_columns(self) -> tuple[str, ...]:
+        names = [*self.join.keys, *self.join.left.output_names(), *self.join.right.output_names()]
+        return (*dict.fromkeys(names), *JOIN_METADATA_COLUMNS)
+
+
+def _gold_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "join" if "join" in value else "aggregate"
+    return "join" if isinstance(value, GoldJoinSpec) else "aggregate"
+
+
+#: A gold table of a spec (for annotations).
+AnyGold = GoldSpec | GoldJoinSpec
+#: A gold table of a spec: windowed aggregates, or a stream-stream join (for validation).
+GoldTable = Annotated[
+    Annotated[GoldSpec, Tag("aggregate")] | Annotated[GoldJoinSpec, Tag("join")],
+    Discriminator(_gold_kind),
+]
 
 
 # --- the flow -------------------------------------------------------------------------------------
@@ -1425,10 +1609,10 @@ class FlowSpec(_Model):
     silver: SilverSpec | None = Field(
         default=None, description="Parse the payloads into silver tables (Kafka sources only)."
     )
-    gold: tuple[GoldSpec, ...] = Field(
+    gold: tuple[GoldTable, ...] = Field(
         default=(),
-        description="Gold tables: windowed aggregates of the silver events by event time "
-        "(needs `silver`).",
+        description="Gold tables: windowed aggregates of the silver events by event time, or "
+        "stream-stream joins of them (needs `silver`).",
     )
     maintenance: MaintenanceSpec = Field(
         default=MaintenanceSpec(),
@@ -1475,20 +1659,37 @@ class FlowSpec(_Model):
             self._check_gold(gold, f"gold.{index}")
         return self
 
-    def _check_gold(self, gold: GoldSpec, field: str) -> None:
+    def _check_gold(self, gold: GoldSpec | GoldJoinSpec, field: str) -> None:
+        if self.silver is None:
+            raise _error("gold reads the silver events: declare a silver stage", field)
+        if isinstance(gold, GoldSpec):
+            self.check_event_columns(gold.input_columns(), gold.event_time, field)
+            return
+        left = gold.join.left
+        self.check_event_columns(gold.side_columns("left"), left.event_time, f"{field}.join.left")
+        if gold.join.right_flow(self.name) == self.name:
+            right = gold.join.right
+            self.check_event_columns(
+                gold.side_columns("right"), right.event_time, f"{field}.join.right"
+            )
+
+    def check_event_columns(self, columns: Iterable[str], event_time: str, field: str) -> None:
+        """``columns`` and the TIMESTAMP ``event_time`` are columns of the flow's silver events
+        (unknown until start when a transform may add columns)."""
         silver = self.silver
         if silver is None:
-            raise _error("gold reads the silver events: declare a silver stage", field)
+            raise _error(f"flow {self.name} has no silver stage, so no events to read", field)
         if silver.transform is not None:
             return  # the transform may add columns: the stage finds out at start
         types = {**_ddl_types(silver.schema_ddl), "_event_time": "timestamp"}
-        known = f"columns of the events: {', '.join(types)}, {', '.join(GOLD_INPUT_METADATA)}"
-        for column in (*gold.input_columns(), gold.event_time):
+        names = ", ".join(dict.fromkeys((*types, *GOLD_INPUT_METADATA)))
+        known = f"columns of the events of flow {self.name}: {names}"
+        for column in (*columns, event_time):
             if column not in types and column not in GOLD_INPUT_METADATA:
                 raise _error(f"{column!r} is not one of the {known}", field)
-        if not types.get(gold.event_time, "").startswith(("timestamp", "date")):
+        if not types.get(event_time, "").startswith(("timestamp", "date")):
             raise _error(
-                f"{gold.event_time!r} is {types.get(gold.event_time)}; the event time must be a "
+                f"{event_time!r} is {types.get(event_time)}; the event time must be a "
                 "TIMESTAMP column",
                 f"{field}.event_time",
             )
@@ -1540,7 +1741,49 @@ def load_specs(folder: Path) -> list[FlowSpec]:
                     f"{tables[table]}"
                 )
             tables[table] = spec.spec_file
+    by_name = {spec.name: spec for spec in specs}
+    for spec in specs:
+        for index, gold in enumerate(spec.gold):
+            if isinstance(gold, GoldJoinSpec):
+                join_input(spec, gold, by_name, f"gold.{index}")
     return specs
+
+
+def join_input(
+    spec: FlowSpec,
+    gold: GoldJoinSpec,
+    flows: dict[str, FlowSpec] | None = None,
+    field: str = "gold",
+) -> FlowSpec:
+    """The flow whose silver events are the right side of ``gold`` (this flow, or a flow of the
+    folder ``spec`` was read from), its columns checked.
+
+    Raises:
+        SpecError: no such flow, it has no silver stage, or not the columns the join reads.
+    """
+    name = gold.join.right_flow(spec.name)
+    if name == spec.name:
+        return spec
+    if flows is None:
+        folder = Path(spec.spec_file).parent
+        flows = {s.name: s for s in map(load_spec, sorted(folder.glob("*.yaml")))}
+    where = f"{spec.spec_file}: {field}.join.right.flow"
+    other = flows.get(name)
+    if other is None:
+        raise SpecError(
+            f"{where}: no flow named {name!r} among the specs beside it "
+            f"({', '.join(sorted(flows)) or 'none'}); name one of them"
+        )
+    try:
+        other.check_event_columns(
+            gold.side_columns("right"), gold.join.right.event_time, f"{field}.join.right"
+        )
+    except PydanticCustomError as exc:
+        context = exc.context or {}
+        raise SpecError(
+            f"{spec.spec_file}: {context.get('field') or field}: {context.get('message', exc)}"
+        ) from None
+    return other
 
 
 def parse_spec(data: Any, where: str = "<inline>") -> FlowSpec:
@@ -1587,13 +1830,17 @@ def _field_path(loc: tuple[int | str, ...]) -> list[str]:
     """The dotted field of a pydantic location: no union tags, no list indices but those of a
     list of models (``silver.expectations.2.rule``)."""
     parts: list[str] = []
+    previous: int | str | None = None
     for item in loc:
+        tag_follows, previous = previous, item
         if isinstance(item, int):
             if parts[-1:] in (["expectations"], ["gold"], ["aggregates"]):
                 parts.append(str(item))
             continue
         if parts == ["source"] and item in SOURCE_KINDS:
             continue  # the discriminated union's tag
+        if parts[:1] == ["gold"] and len(parts) == 2 and isinstance(tag_follows, int):
+            continue  # the tag of a gold table's kind
         parts.append(item)
     return parts
 

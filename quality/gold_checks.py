@@ -5,7 +5,7 @@ On each gold asset (see :mod:`pipelines.stages.gold`):
 * ``rows_accounted`` (ERROR): every split batch adds up: the rows the split query read (Spark's
   ``numInputRows``) are the rows it counted, ``rows in = on time + late + quarantined``, and the
   input and late-data commits added those rows (unless replays Delta skipped);
-* ``late_rows`` (WARN): no row of the run arrived after its window closed. Late rows are kept in
+* ``late_rows`` (WARN): no row of the run arrived behind the watermark. Late rows are kept in
   the late-data table, so this is a to-do, not a loss: a backfill of their dates reconciles them;
   its metadata names the watermark and the count;
 * ``watermark_drops`` (ERROR): Spark's stateful query dropped no row by its watermark, which is
@@ -31,7 +31,7 @@ from dagster import (
     MetadataValue,
 )
 
-from pipelines.spec import GoldSpec
+from pipelines.spec import AnyGold
 
 ROWS_ACCOUNTED = "rows_accounted"
 LATE_ROWS = "late_rows"
@@ -39,7 +39,7 @@ WATERMARK_DROPS = "watermark_drops"
 _COUNTS = ("rows_in", "on_time", "late", "quarantined")
 
 
-def gold_check_specs(gold: GoldSpec, key: AssetKey) -> list[AssetCheckSpec]:
+def gold_check_specs(gold: AnyGold, key: AssetKey) -> list[AssetCheckSpec]:
     return [
         AssetCheckSpec(
             name=ROWS_ACCOUNTED,
@@ -50,7 +50,7 @@ def gold_check_specs(gold: GoldSpec, key: AssetKey) -> list[AssetCheckSpec]:
         AssetCheckSpec(
             name=LATE_ROWS,
             asset=key,
-            description=f"No row arrived after its window closed (allowed_lateness "
+            description=f"No row arrived behind the watermark (allowed_lateness "
             f"{gold.allowed_lateness}); late rows are kept in {gold.late.table} until a "
             "backfill of their dates.",
         ),
@@ -85,7 +85,7 @@ def split_problems(message: Mapping[str, Any]) -> list[str]:
 class GoldChecks:
     """The run's totals of one gold table's checks."""
 
-    gold: GoldSpec
+    gold: AnyGold
     key: AssetKey
     batches: int = 0
     counts: dict[str, int] = field(default_factory=dict)

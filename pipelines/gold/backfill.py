@@ -30,14 +30,23 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from pipelines.delta_writes import retry_on_maintenance, table_properties
 from pipelines.errors import ConfigError
+from pipelines.gold.joins import (
+    LEFT,
+    RIGHT,
+    covered_condition,
+    join_rows,
+    right_time_range,
+    side_of,
+    side_rows,
+)
 from pipelines.gold.windows import (
     GOLD_PROPERTY,
     MICROS,
     aggregate_columns,
-    design_key,
     future_condition,
     gold_columns,
     last_window_start,
@@ -47,7 +56,8 @@ from pipelines.identity import FLOW_ID_PROPERTY, read_identity
 from pipelines.locations import FlowLocations, gold_backfills_path, table_paths
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
+from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, GoldSpec, duration_seconds, join_input
+from pipelines.stages.gold import COORDINATES
 
 #: What identifies a late row (its event's place in the source).
 LATE_ROW_ID = ("_source_topic", "_source_partition", "_source_offset")
@@ -74,7 +84,7 @@ class BackfillResult:
         return {k: str(v) if isinstance(v, date) else v for k, v in self.__dict__.items()}
 
 
-def gold_of(spec: FlowSpec, table: str) -> GoldSpec:
+def gold_of(spec: FlowSpec, table: str) -> AnyGold:
     for gold in spec.gold:
         if gold.table == table:
             return gold
@@ -89,7 +99,7 @@ ARRIVAL_ORDER = ("_ingested_at", "_source_partition", "_source_offset")
 
 
 def check_design(
-    spark: SparkSession, spec: FlowSpec, settings: Settings, gold: GoldSpec, gold_path: str
+    spark: SparkSession, spec: FlowSpec, settings: Settings, gold: AnyGold, gold_path: str
 ) -> None:
     """The gold table exists, belongs to this flow and was built under this spec's design."""
     properties = table_properties(spark, gold_path)
@@ -104,10 +114,10 @@ def check_design(
             f"{spec.name}: point the spec at its own table"
         )
     built = properties.get(GOLD_PROPERTY)
-    if built != design_key(gold):
+    if built != gold.design_key():
         raise BackfillRefusedError(
             f"{where}: the table was built under another design ({built}), the spec now says "
-            f"{design_key(gold)}: a backfill would mix both in one table. Change the spec back, "
+            f"{gold.design_key()}: a backfill would mix both in one table. Change the spec back, "
             f"or rebuild gold with `conflux reset {spec.name} --stage gold`"
         )
 
@@ -127,14 +137,15 @@ def stream_watermark_micros(checkpoint: Path) -> int | None:
     return int(metadata.get("batchWatermarkMs", 0)) * 1000
 
 
-def closing_time(day: date, gold: GoldSpec) -> datetime:
-    """When every window starting on ``day`` has ended: the next day plus one window."""
+def closing_time(day: date, gold: AnyGold) -> datetime:
+    """When the stream can change no gold row of ``day`` any more: the next day plus one window
+    (windowed aggregates), or plus the join's time bound (joins)."""
     start = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
-    return start + timedelta(seconds=duration_seconds(gold.window.duration))
+    return start + timedelta(seconds=gold.closing_delay_seconds())
 
 
 def check_closed(
-    first: date, last: date, gold: GoldSpec, watermark_micros: int | None, flow: str
+    first: date, last: date, gold: AnyGold, watermark_micros: int | None, flow: str
 ) -> None:
     if last < first:
         raise BackfillRefusedError(f"--to {last} is before --from {first}")
@@ -147,11 +158,58 @@ def check_closed(
     watermark = datetime.fromtimestamp(watermark_micros / MICROS, UTC)
     if closes > watermark:
         raise BackfillRefusedError(
-            f"flow {flow}: gold {gold.table}: {last} is still open: its last windows close when "
-            f"the watermark passes {closes.isoformat()}, and it stands at {watermark.isoformat()} "
+            f"flow {flow}: gold {gold.table}: {last} is still open: its rows are final when the "
+            f"watermark passes {closes.isoformat()}, and it stands at {watermark.isoformat()} "
             f"(the newest event time minus allowed_lateness {gold.allowed_lateness}). Backfill "
             "dates up to the day before, or wait for the stream to move on."
         )
+
+
+def recompute_join(
+    spark: SparkSession,
+    spec: FlowSpec,
+    settings: Settings,
+    gold: GoldJoinSpec,
+    first: date,
+    last: date,
+) -> DataFrame:
+    """Joined rows of the left rows of ``first..last``, from all the events of both sides."""
+    other = join_input(spec, gold)
+    events = {
+        LEFT: spark.read.format("delta").load(str(table_paths(spec, settings)["events"])),
+        RIGHT: spark.read.format("delta").load(str(table_paths(other, settings)["events"])),
+    }
+    start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+    end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+    bounds = {LEFT: (start, end), RIGHT: right_time_range(gold, first, last)}
+    schema = StructType(
+        [
+            StructField("_side", StringType()),
+            StructField("_event_time", TimestampType()),
+            *(
+                StructField(f"_{side}", events[side].select(*gold.side_columns(side)).schema)
+                for side in (LEFT, RIGHT)
+            ),
+            *(events[LEFT].schema[c] for c in COORDINATES),
+        ]
+    )
+    sides = []
+    for side in (LEFT, RIGHT):
+        low, high = bounds[side]
+        rows = events[side]
+        if side_of(gold, side).event_time == "_event_time":  # the partition column: prune
+            rows = rows.where(F.col("_event_date").between(F.lit(low.date()), F.lit(high.date())))
+        sides.append(
+            side_rows(rows, gold, side, schema).where(
+                (F.col("_event_time") >= F.lit(low))
+                & (F.col("_event_time") < F.lit(high))
+                & ~future_condition(
+                    F.col("_event_time"), F.col("_ingested_at"), gold.max_future_skew
+                )
+            )
+        )
+    joined = join_rows(sides[0].unionByName(sides[1]), gold)
+    return joined.where(F.col("_event_date").between(F.lit(first), F.lit(last)))
 
 
 def recompute(events: DataFrame, gold: GoldSpec, first: date, last: date) -> DataFrame:
@@ -168,7 +226,7 @@ def recompute(events: DataFrame, gold: GoldSpec, first: date, last: date) -> Dat
     ).where(
         (F.col("_event_time") >= F.lit(low))
         & (F.col("_event_time") < F.lit(high))
-        & ~future_condition(F.col("_event_time"), F.col("_ingested_at"), gold)
+        & ~future_condition(F.col("_event_time"), F.col("_ingested_at"), gold.max_future_skew)
     )
     if gold.deduplicate:  # the stream keeps a key's first arrival: so does the backfill
         arrival = Window.partitionBy(*gold.deduplicate).orderBy(*ARRIVAL_ORDER)
@@ -202,10 +260,20 @@ def backfill(
     # first (a late row is appended after its event), so nothing arriving meanwhile is recorded.
     late_path = str(paths[f"late/{gold.table}"])
     late_version = delta_version(spark, late_path)
-    rows = recompute(spark.read.format("delta").load(str(paths["events"])), gold, first, last)
+    if isinstance(gold, GoldJoinSpec):
+        rows = recompute_join(spark, spec, settings, gold, first, last)
+        reflected = F.count(F.lit(1)) + F.count("_right_time")  # the rows of each pair
+        covered = covered_condition(gold, first, last)
+    else:
+        events = spark.read.format("delta").load(str(paths["events"]))
+        rows = recompute(events, gold, first, last)
+        reflected = F.sum("_rows")
+        covered = (F.to_date("_window_start") >= F.lit(first)) & (
+            F.to_date(last_window_start(F.col("_event_time"), gold)) <= F.lit(last)
+        )
     rows = rows.persist()
     try:
-        totals = rows.agg(F.count(F.lit(1)).alias("n"), F.sum("_rows").alias("r")).first()
+        totals = rows.agg(F.count(F.lit(1)).alias("n"), reflected.alias("r")).first()
         assert totals is not None
         condition = f"_event_date >= '{first}' AND _event_date <= '{last}'"
 
@@ -218,10 +286,10 @@ def backfill(
     finally:
         rows.unpersist()
     backfill_id = uuid.uuid4().hex[:12]
-    covered = 0
+    covered_rows = 0
     if late_version is not None:
         late = spark.read.format("delta").option("versionAsOf", late_version).load(late_path)
-        covered = _record(late, gold, gold_path, backfill_id, first, last)
+        covered_rows = _record(late.where(covered), gold_path, backfill_id, first, last)
     version = delta_version(spark, gold_path)
     return BackfillResult(
         flow=spec.name,
@@ -231,44 +299,37 @@ def backfill(
         backfill_id=backfill_id,
         gold_rows=int(totals["n"]),
         rows_reflected=int(totals["r"] or 0),
-        late_rows_covered=covered,
+        late_rows_covered=covered_rows,
         gold_version=version,
         closed_until=datetime.fromtimestamp((watermark or 0) / MICROS, UTC).isoformat(),
     )
 
 
-def _record(
-    late: DataFrame, gold: GoldSpec, gold_path: str, backfill_id: str, first: date, last: date
-) -> int:
+def _record(covered: DataFrame, gold_path: str, backfill_id: str, first: date, last: date) -> int:
     """Append the late rows the backfill covered to ``<gold>__backfills``; how many.
 
-    A row is covered when every window holding it starts on a backfilled date (with sliding
-    windows its windows can start on two dates: a backfill of one of them does not cover it).
+    A row of windowed aggregates is covered when every window holding it starts on a backfilled
+    date (with sliding windows its windows can start on two dates: a backfill of one of them does
+    not cover it); a row of a join when every left row it can join is of a backfilled date.
     """
-    first_start = F.to_date("_window_start")
-    last_start = F.to_date(last_window_start(F.col("_event_time"), gold))
-    covered = (
-        late.where((first_start >= F.lit(first)) & (last_start <= F.lit(last)))
-        .select(
-            F.lit(backfill_id).alias("backfill_id"),
-            F.current_timestamp().alias("backfilled_at"),
-            F.lit(first).alias("first_date"),
-            F.lit(last).alias("last_date"),
-            *LATE_ROW_ID,
-            "_event_time",
-            "_event_date",
-        )
-        .persist()
-    )
+    record = covered.select(
+        F.lit(backfill_id).alias("backfill_id"),
+        F.current_timestamp().alias("backfilled_at"),
+        F.lit(first).alias("first_date"),
+        F.lit(last).alias("last_date"),
+        *LATE_ROW_ID,
+        "_event_time",
+        "_event_date",
+    ).persist()
     try:
-        count = covered.count()
+        count = record.count()
         if count:
-            covered.write.format("delta").mode("append").save(
+            record.write.format("delta").mode("append").save(
                 str(gold_backfills_path(Path(gold_path)))
             )
         return count
     finally:
-        covered.unpersist()
+        record.unpersist()
 
 
 def unreconciled(spark: SparkSession, spec: FlowSpec, settings: Settings, table: str) -> DataFrame:

@@ -17,6 +17,7 @@ above Conflux's. So every row Spark would drop as late was split off first.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,19 +34,37 @@ def micros_to_iso(micros: int | None) -> str | None:
     return datetime.fromtimestamp(micros / 1_000_000, UTC).isoformat()
 
 
+#: The side of a gold table that reads one input (windowed aggregates).
+EVENTS = "events"
+
+
 @dataclass(frozen=True)
 class WatermarkRecord:
     batch_id: int
-    max_event_micros: int | None
+    #: The greatest event time of each side seen so far (None: none yet).
+    max_by_side: Mapping[str, int | None]
     watermark_micros: int | None
+
+    @property
+    def max_event_micros(self) -> int | None:
+        known = [m for m in self.max_by_side.values() if m is not None]
+        return max(known) if known else None
 
 
 class WatermarkLog:
-    """The records of one split query (see the module doc)."""
+    """The records of one split query (see the module doc).
 
-    def __init__(self, checkpoint: Path, allowed_lateness_seconds: int) -> None:
+    A split that reads several inputs (the two sides of a join) keeps each side's maximum; its
+    watermark is the least of the sides' (``max - allowed_lateness``), as Spark's global
+    watermark is the least of its watermark operators', and it has none until every side has
+    had a row (Spark's stays at the epoch until then)."""
+
+    def __init__(
+        self, checkpoint: Path, allowed_lateness_seconds: int, sides: Sequence[str] = (EVENTS,)
+    ) -> None:
         self.folder = checkpoint / "conflux_watermark"
         self.lateness_micros = allowed_lateness_seconds * 1_000_000
+        self.sides = tuple(sides)
 
     def _batches(self) -> list[int]:
         if not self.folder.is_dir():
@@ -54,7 +73,8 @@ class WatermarkLog:
 
     def _read(self, batch_id: int) -> WatermarkRecord:
         data = json.loads((self.folder / f"{batch_id}.json").read_text())
-        return WatermarkRecord(batch_id, data["max_event_micros"], data["watermark_micros"])
+        maxima = data.get("max_by_side") or {EVENTS: data["max_event_micros"]}
+        return WatermarkRecord(batch_id, maxima, data["watermark_micros"])
 
     def before(self, batch_id: int) -> WatermarkRecord | None:
         """The record batch ``batch_id`` is judged by: that of the greatest batch below it."""
@@ -65,22 +85,28 @@ class WatermarkLog:
         batches = self._batches()
         return self._read(batches[-1]) if batches else None
 
-    def record(self, batch_id: int, batch_max_micros: int | None) -> WatermarkRecord:
-        """Record the maximum after batch ``batch_id`` (whose own rows' maximum is given)."""
+    def record(self, batch_id: int, batch_max: Mapping[str, int | None]) -> WatermarkRecord:
+        """Record the maxima after batch ``batch_id``, given the greatest event time of its own
+        rows on each side."""
         previous = self.before(batch_id)
-        earlier = previous.max_event_micros if previous is not None else None
-        known = [m for m in (earlier, batch_max_micros) if m is not None]
-        maximum = max(known) if known else None
-        watermark = None if maximum is None else maximum - self.lateness_micros
+        maxima: dict[str, int | None] = {}
+        for side in self.sides:
+            earlier = previous.max_by_side.get(side) if previous is not None else None
+            known = [m for m in (earlier, batch_max.get(side)) if m is not None]
+            maxima[side] = max(known) if known else None
+        seen = [m for m in maxima.values() if m is not None]
+        watermark = min(seen) - self.lateness_micros if seen and len(seen) == len(maxima) else None
+        record = WatermarkRecord(batch_id, maxima, watermark)
         write_json_atomically(
             self.folder / f"{batch_id}.json",
             {
-                "max_event_micros": maximum,
+                "max_event_micros": record.max_event_micros,
+                "max_by_side": maxima,
                 "watermark_micros": watermark,
-                "max_event_time": micros_to_iso(maximum),
+                "max_event_time": micros_to_iso(record.max_event_micros),
                 "watermark": micros_to_iso(watermark),
             },
         )
         for old in self._batches()[:-KEEP_RECORDS]:
             (self.folder / f"{old}.json").unlink(missing_ok=True)
-        return WatermarkRecord(batch_id, maximum, watermark)
+        return record

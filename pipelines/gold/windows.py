@@ -67,22 +67,23 @@ def late_condition(event_time: Column, watermark_micros: int | None, gold: GoldS
     return earliest_window_end(event_time, gold) <= watermark
 
 
-def future_condition(event_time: Column, ingested_at: Column, gold: GoldSpec) -> Column:
+def future_condition(event_time: Column, ingested_at: Column, max_future_skew: str) -> Column:
     """An event time beyond its ingestion time plus ``max_future_skew``: a wrong clock, not an
     event from the future. Compared with the row's ingestion time, not the current time, so a
     batch replayed after a crash is split the same way."""
-    skew = duration_seconds(gold.max_future_skew) * MICROS
+    skew = duration_seconds(max_future_skew) * MICROS
     return F.unix_micros(event_time) > F.unix_micros(ingested_at) + F.lit(skew)
 
 
 def row_class(
-    event_time: Column, ingested_at: Column, watermark: int | None, gold: GoldSpec
+    event_time: Column, ingested_at: Column, late: Column, max_future_skew: str
 ) -> Column:
-    """``_gold_class``: quarantined (null or future event time), late, or on time."""
+    """``_gold_class``: quarantined (null or future event time), late (by the stage's ``late``
+    condition), or on time."""
     return (
         F.when(event_time.isNull(), F.lit(NULL_TIME))
-        .when(future_condition(event_time, ingested_at, gold), F.lit(FUTURE_TIME))
-        .when(late_condition(event_time, watermark, gold), F.lit(LATE))
+        .when(future_condition(event_time, ingested_at, max_future_skew), F.lit(FUTURE_TIME))
+        .when(late, F.lit(LATE))
         .otherwise(F.lit(ON_TIME))
     )
 
@@ -125,23 +126,6 @@ def gold_columns(gold: GoldSpec) -> list[Column]:
         F.to_date(F.col("window.start")).alias("_event_date"),
         F.current_timestamp().alias("_updated_at"),
     ]
-
-
-def design_key(gold: GoldSpec) -> str:
-    """What the rows of a gold table depend on (``conflux.gold.design``): a table built under
-    another design refuses to continue, and refuses backfills."""
-    window = f"{gold.window.duration}/{gold.window.slide or gold.window.duration}"
-    aggregates = ",".join(f"{a.name}={a.function}({a.column or ''})" for a in gold.aggregates)
-    return ";".join(
-        (
-            f"window={window}",
-            f"eventTime={gold.event_time}",
-            f"lateness={gold.allowed_lateness}",
-            f"groupBy={','.join(gold.group_by)}",
-            f"dedup={','.join(gold.deduplicate)}",
-            f"aggregates={aggregates}",
-        )
-    )
 
 
 def last_window_start(event_time: Column, gold: GoldSpec) -> Column:

@@ -28,6 +28,9 @@ class Stage(Protocol):
     #: The query's output mode: ``append``, or ``update`` for a stateful aggregation that
     #: writes every batch's changed groups.
     output_mode: str
+    #: Other flows whose silver events the stage reads: an available_now run of an application
+    #: that runs them too starts the stage after their silver stages caught up.
+    reads_flows: tuple[str, ...]
     #: The Spark checkpoint whose batch ids the stage's writes are idempotent under.
     checkpoint: Path
     #: The table whose version progress reports (bronze: its table; silver: current or events).

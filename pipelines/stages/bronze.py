@@ -52,6 +52,8 @@ class BronzeStage:
     output_mode = "append"
     own_query = True
 
+    reads_flows: tuple[str, ...] = ()
+
     def __init__(
         self,
         spec: FlowSpec,

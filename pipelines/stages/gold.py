@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, TimestampType
 
@@ -47,7 +47,7 @@ from pipelines.delta_writes import (
     retry_on_maintenance,
 )
 from pipelines.errors import ConfigError
-from pipelines.gold.watermark import WatermarkLog, micros_to_iso
+from pipelines.gold.watermark import EVENTS, WatermarkLog, micros_to_iso
 from pipelines.gold.windows import (
     FUTURE_TIME,
     GOLD_PROPERTY,
@@ -55,9 +55,9 @@ from pipelines.gold.windows import (
     NULL_TIME,
     ON_TIME,
     aggregate_columns,
-    design_key,
     earliest_window_end,
     gold_columns,
+    late_condition,
     row_class,
     window_column,
 )
@@ -78,30 +78,12 @@ from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver.parse import ddl_struct
 from pipelines.silver.tables import TableDesign, ensure_table
-from pipelines.spec import FlowSpec, GoldSpec, duration_seconds
-from pipelines.stages import Stage
+from pipelines.spec import AnyGold, FlowSpec, GoldSpec, duration_seconds
 
 #: Columns of the silver events every input (and late) row keeps: where it came from.
 COORDINATES = ("_source_topic", "_source_partition", "_source_offset", "_batch_id", "_ingested_at")
 #: Far above the files one split batch writes: a stateful batch reads whole input versions.
 WHOLE_VERSIONS = "1000000"
-
-
-def gold_stages(
-    spec: FlowSpec,
-    settings: Settings,
-    guard: LeaseGuard | None,
-    on_commit: Callable[[BatchCommit], None],
-    _full_refresh: bool = False,
-) -> list[Stage]:
-    """The two stages of each gold table of the spec, in order (split, then aggregation)."""
-    stages: list[Stage] = []
-    for gold in spec.gold:
-        stages += [
-            GoldSplitStage(spec, gold, settings, guard, on_commit),
-            GoldStage(spec, gold, settings, guard, on_commit),
-        ]
-    return stages
 
 
 def checkpoint_epoch(checkpoint: Path) -> str:
@@ -127,13 +109,14 @@ class _GoldBase:
 
     own_query = True
     output_mode = "append"
+    reads_flows: tuple[str, ...] = ()
     #: What follows ``gold.<table>`` in the stage's kind (and its query's name).
     kind_suffix = ""
 
     def __init__(
         self,
         spec: FlowSpec,
-        gold: GoldSpec,
+        gold: AnyGold,
         settings: Settings,
         guard: LeaseGuard | None,
         on_commit: Callable[[BatchCommit], None],
@@ -168,35 +151,47 @@ class _GoldBase:
     def finish(self, spark: SparkSession) -> list[TableWrite]:
         return []
 
-    def _input_schema(self, spark: SparkSession) -> StructType:
-        """The input table's columns: those of the events the gold table reads, the event time
-        as ``_event_time``, and the row's coordinates."""
-        events = spark.read.format("delta").load(self.events_path).schema
-        gold = self.gold
-        where = f"{self.spec.spec_file}: gold ({gold.table})"
-        names = [*gold.input_columns(), gold.event_time, *COORDINATES]
+    def _committed(self, batch_id: int, writes: list[TableWrite]) -> BatchCommit:
+        """The batch's commit (its first write's version), reported."""
+        commit = BatchCommit(
+            flow=self.spec.name,
+            batch_id=batch_id,
+            table_version=writes[0].version if writes else None,
+            rows_added=sum(w.rows for w in writes),
+            replayed=bool(writes) and all(w.skipped for w in writes),
+            stage=self.kind,
+            writes=tuple(writes),
+        )
+        self.on_commit(commit)
+        return commit
+
+    def _events_schema(
+        self, spark: SparkSession, events_path: str, columns: tuple[str, ...], event_time: str,
+        where: str,
+    ) -> StructType:  # fmt: skip
+        """The schema of an events table, which must have ``columns``, the row coordinates and
+        the TIMESTAMP ``event_time``."""
+        where = f"{self.spec.spec_file}: gold ({self.gold.table}){where}"
+        if not DeltaTable.isDeltaTable(spark, events_path):
+            raise ConfigError(
+                f"{where}: no silver events table at {events_path} yet: run its flow first (or "
+                "in the same application)"
+            )
+        events = spark.read.format("delta").load(events_path).schema
+        names = [*columns, event_time, *COORDINATES]
         missing = [n for n in names if n not in events.fieldNames()]
         if missing:
             raise ConfigError(
                 f"{where}: the silver events table has no column {', '.join(missing)} (its "
                 f"columns: {', '.join(events.fieldNames())}); name columns of the events"
             )
-        event_type = events[gold.event_time].dataType.simpleString()
+        event_type = events[event_time].dataType.simpleString()
         if event_type not in ("timestamp", "timestamp_ntz", "date"):
             raise ConfigError(
-                f"{where}: event_time {gold.event_time!r} is {event_type} in the events table; "
+                f"{where}: event_time {event_time!r} is {event_type} in the events table; "
                 "give a TIMESTAMP column"
             )
-        kept = [
-            c for c in dict.fromkeys((*gold.input_columns(), *COORDINATES)) if c != "_event_time"
-        ]
-        return StructType(
-            [
-                *(events[c] for c in kept if c not in COORDINATES),
-                StructField("_event_time", TimestampType()),
-                *(events[c] for c in COORDINATES),
-            ]
-        )
+        return events
 
     def _design(
         self, role: str, table: str, path: str, schema: StructType, **more: Any
@@ -206,11 +201,32 @@ class _GoldBase:
             table=table,
             path=path,
             schema=schema,
-            spec_properties={GOLD_PROPERTY: design_key(self.gold)},
+            spec_properties={GOLD_PROPERTY: self.gold.design_key()},
             spec_field=f"gold ({self.gold.table})",
             rebuild=rebuild_hint(self.spec),
             stage=f"gold {self.gold.table}",
             **more,
+        )
+
+    def _gold_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
+        """What the stateful query writes: the gold table."""
+        return self.gold_path, {f"gold/{self.gold.table}": (self.gold.table, self.gold_path)}
+
+    def _prepare_gold(self, spark: SparkSession, schema: StructType) -> None:
+        """Create or check the gold table (partitioned by event date, for backfills)."""
+        self._prepare_tables(
+            spark,
+            [
+                self._design(
+                    f"gold/{self.gold.table}",
+                    self.gold.table,
+                    self.gold_path,
+                    schema,
+                    partition_by=("_event_date",),
+                    delta_properties=self.gold.delta_properties(),
+                    stated_properties=self.gold.stated_properties(),
+                )
+            ],
         )
 
     def _prepare_tables(self, spark: SparkSession, designs: list[TableDesign]) -> None:
@@ -223,27 +239,41 @@ class _GoldBase:
             ensure_table(spark, design, identity, committed, self.spec.spec_file, started)
 
 
-class GoldSplitStage(_GoldBase):
-    """The split query of one gold table (see the module doc)."""
+class SplitStage(_GoldBase):
+    """The split query of one gold table (see the module doc): what every kind of gold table
+    shares. A kind says which sides its rows come from, when a row is late, and what a late row
+    records."""
 
     kind_suffix = ".split"
+    #: The inputs the split reads (each keeps its own maximum event time).
+    sides: tuple[str, ...] = (EVENTS,)
 
     def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
         gold = self.gold
-        self.watermarks = WatermarkLog(self.checkpoint, duration_seconds(gold.allowed_lateness))
+        self.watermarks = WatermarkLog(
+            self.checkpoint, duration_seconds(gold.allowed_lateness), self.sides
+        )
         return self.input_path, {
             f"late/{gold.table}": (gold.late.table, self.late_path),
             f"gold_input/{gold.table}": (self.input_table, self.input_path),
         }
 
-    def prepare(self, spark: SparkSession) -> None:
-        schema = self._input_schema(spark)
+    def _prepare_split(self, spark: SparkSession, schema: StructType, late_ddl: str) -> None:
+        """Create or check the input and late tables (the late table: the input's columns, the
+        date, the watermark and the batch, and ``late_ddl``), and the quarantine epoch."""
         late = StructType(
             [
                 *schema.fields,
                 *ddl_struct(
-                    "_event_date DATE, _watermark TIMESTAMP, _window_start TIMESTAMP, "
-                    "_window_end TIMESTAMP, _split_batch_id BIGINT, _late_at TIMESTAMP"
+                    ", ".join(
+                        part
+                        for part in (
+                            "_event_date DATE, _watermark TIMESTAMP",
+                            late_ddl,
+                            "_split_batch_id BIGINT, _late_at TIMESTAMP",
+                        )
+                        if part
+                    )
                 ).fields,
             ]
         )
@@ -265,21 +295,23 @@ class GoldSplitStage(_GoldBase):
         self.columns = schema.fieldNames()
         self.epoch = checkpoint_epoch(self.checkpoint)
 
-    def input_stream(self, spark: SparkSession) -> DataFrame:
-        """The events as a Delta stream, whole versions per batch: an existing events table (a
-        gold table added later, or rebuilt) is read in its first batch, which has no watermark
-        yet, so rows are never judged late by the order Delta lists old files in."""
-        return (
-            spark.readStream.format("delta")
-            .option("maxFilesPerTrigger", WHOLE_VERSIONS)
-            .load(self.events_path)
-        )
+    def _side(self) -> Column:
+        """Which side a row of the batch comes from."""
+        return F.lit(EVENTS)
+
+    def _late(self, watermark_micros: int | None) -> Column:
+        raise NotImplementedError
+
+    def _late_columns(self) -> list[Column]:
+        """What a late row records beyond its row, date, watermark and batch."""
+        raise NotImplementedError
+
+    def _event_time_name(self) -> Column:
+        """The event-time column a row was judged by, as the spec names it (for reasons)."""
+        raise NotImplementedError
 
     def _rows(self, events: DataFrame) -> DataFrame:
-        gold = self.gold
-        picked = {c: F.col(c) for c in self.columns}
-        picked["_event_time"] = F.col(gold.event_time).cast("timestamp")
-        return events.select(*(column.alias(name) for name, column in picked.items()))
+        return events
 
     def write_batch(self, events: DataFrame, batch_id: int) -> BatchCommit:
         if self.guard is not None:
@@ -288,23 +320,30 @@ class GoldSplitStage(_GoldBase):
         record = self.watermarks.before(batch_id)
         watermark = record.watermark_micros if record is not None else None
         event_time = F.col("_event_time")
+        late = self._late(watermark)
         rows = (
             self._rows(events)
             .withColumn(
-                "_gold_class", row_class(event_time, F.col("_ingested_at"), watermark, gold)
+                "_gold_class",
+                row_class(event_time, F.col("_ingested_at"), late, gold.max_future_skew),
             )
+            .withColumn("_gold_side", self._side())
             .persist()
         )
         try:
+            judged = F.col("_gold_class").isin(ON_TIME, LATE)
             counts = rows.agg(
                 F.count(F.lit(1)).alias("rows_in"),
                 *(
                     F.count(F.when(F.col("_gold_class") == c, 1)).alias(c)
                     for c in (ON_TIME, LATE, NULL_TIME, FUTURE_TIME)
                 ),
-                F.max(
-                    F.when(F.col("_gold_class").isin(ON_TIME, LATE), F.unix_micros(event_time))
-                ).alias("max_micros"),
+                *(
+                    F.max(
+                        F.when(judged & (F.col("_gold_side") == side), F.unix_micros(event_time))
+                    ).alias(f"max_{side}")
+                    for side in self.sides
+                ),
             ).first()
             assert counts is not None
             writes: list[TableWrite] = []
@@ -343,7 +382,9 @@ class GoldSplitStage(_GoldBase):
                         batch_id,
                     )
                 )
-            after = self.watermarks.record(batch_id, counts["max_micros"])
+            after = self.watermarks.record(
+                batch_id, {side: counts[f"max_{side}"] for side in self.sides}
+            )
         finally:
             rows.unpersist()
         commit = BatchCommit(
@@ -372,14 +413,11 @@ class GoldSplitStage(_GoldBase):
         return commit
 
     def _late_rows(self, rows: DataFrame, watermark: int | None, batch_id: int) -> DataFrame:
-        end = earliest_window_end(F.col("_event_time"), self.gold)
-        duration = duration_seconds(self.gold.window.duration)
         return rows.where(F.col("_gold_class") == LATE).select(
             *self.columns,
             F.to_date("_event_time").alias("_event_date"),
             F.timestamp_micros(F.lit(watermark)).alias("_watermark"),
-            (end - F.expr(f"INTERVAL {duration} SECONDS")).alias("_window_start"),
-            end.alias("_window_end"),
+            *self._late_columns(),
             F.lit(batch_id).cast("bigint").alias("_split_batch_id"),
             F.current_timestamp().alias("_late_at"),
         )
@@ -387,10 +425,10 @@ class GoldSplitStage(_GoldBase):
     def _quarantine_rows(self, rows: DataFrame) -> DataFrame:
         gold = self.gold
         skew = f"later than its ingestion time + max_future_skew ({gold.max_future_skew})"
+        what = F.concat(F.lit(f"gold {gold.table}: event time "), self._event_time_name())
         reason = F.when(
-            F.col("_gold_class") == NULL_TIME,
-            F.lit(f"gold {gold.table}: event time {gold.event_time} is null"),
-        ).otherwise(F.lit(f"gold {gold.table}: event time {gold.event_time} is {skew}"))
+            F.col("_gold_class") == NULL_TIME, F.concat(what, F.lit(" is null"))
+        ).otherwise(F.concat(what, F.lit(f" is {skew}")))
         return rows.where(F.col("_gold_class").isin(NULL_TIME, FUTURE_TIME)).select(
             F.lit(self.spec.name).alias("flow"),
             F.col("_batch_id").alias("batch_id"),
@@ -405,32 +443,81 @@ class GoldSplitStage(_GoldBase):
         )
 
 
-class GoldStage(_GoldBase):
+class _AggregateInput(_GoldBase):
+    gold: GoldSpec
+
+    def _input_schema(self, spark: SparkSession) -> StructType:
+        """The input table's columns: those of the events the gold table reads, the event time
+        as ``_event_time``, and the row's coordinates."""
+        gold = self.gold
+        events = self._events_schema(
+            spark, self.events_path, gold.input_columns(), gold.event_time, ""
+        )
+        kept = [
+            c for c in dict.fromkeys((*gold.input_columns(), *COORDINATES)) if c != "_event_time"
+        ]
+        return StructType(
+            [
+                *(events[c] for c in kept if c not in COORDINATES),
+                StructField("_event_time", TimestampType()),
+                *(events[c] for c in COORDINATES),
+            ]
+        )
+
+
+class GoldSplitStage(SplitStage, _AggregateInput):
+    """The split query of a gold table of windowed aggregates."""
+
+    gold: GoldSpec
+
+    def prepare(self, spark: SparkSession) -> None:
+        self._prepare_split(
+            spark, self._input_schema(spark), "_window_start TIMESTAMP, _window_end TIMESTAMP"
+        )
+
+    def input_stream(self, spark: SparkSession) -> DataFrame:
+        """The events as a Delta stream, whole versions per batch: an existing events table (a
+        gold table added later, or rebuilt) is read in its first batch, which has no watermark
+        yet, so rows are never judged late by the order Delta lists old files in."""
+        return whole_versions(spark, self.events_path)
+
+    def _rows(self, events: DataFrame) -> DataFrame:
+        picked = {c: F.col(c) for c in self.columns}
+        picked["_event_time"] = F.col(self.gold.event_time).cast("timestamp")
+        return events.select(*(column.alias(name) for name, column in picked.items()))
+
+    def _late(self, watermark_micros: int | None) -> Column:
+        return late_condition(F.col("_event_time"), watermark_micros, self.gold)
+
+    def _event_time_name(self) -> Column:
+        return F.lit(self.gold.event_time)
+
+    def _late_columns(self) -> list[Column]:
+        end = earliest_window_end(F.col("_event_time"), self.gold)
+        duration = duration_seconds(self.gold.window.duration)
+        return [
+            (end - F.expr(f"INTERVAL {duration} SECONDS")).alias("_window_start"),
+            end.alias("_window_end"),
+        ]
+
+
+def whole_versions(spark: SparkSession, path: str) -> DataFrame:
+    """A Delta table as a stream that reads whole table versions per batch."""
+    return spark.readStream.format("delta").option("maxFilesPerTrigger", WHOLE_VERSIONS).load(path)
+
+
+class GoldStage(_AggregateInput):
     """The stateful query of one gold table (see the module doc)."""
 
+    gold: GoldSpec
     output_mode = "update"
 
     def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
-        return self.gold_path, {f"gold/{self.gold.table}": (self.gold.table, self.gold_path)}
+        return self._gold_tables()
 
     def prepare(self, spark: SparkSession) -> None:
-        schema = self._input_schema(spark)
-        empty = spark.createDataFrame([], schema)
-        rows = self._aggregate(empty).select(*gold_columns(self.gold))
-        self._prepare_tables(
-            spark,
-            [
-                self._design(
-                    f"gold/{self.gold.table}",
-                    self.gold.table,
-                    self.gold_path,
-                    StructType([f for f in rows.schema.fields]),
-                    partition_by=("_event_date",),
-                    delta_properties=self.gold.delta_properties(),
-                    stated_properties=self.gold.stated_properties(),
-                )
-            ],
-        )
+        empty = spark.createDataFrame([], self._input_schema(spark))
+        self._prepare_gold(spark, self._aggregate(empty).select(*gold_columns(self.gold)).schema)
 
     def _aggregate(self, rows: DataFrame) -> DataFrame:
         gold = self.gold
@@ -440,12 +527,8 @@ class GoldStage(_GoldBase):
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
         gold = self.gold
-        stream = (
-            spark.readStream.format("delta")
-            .option("maxFilesPerTrigger", WHOLE_VERSIONS)
-            .load(self.input_path)
-            .withWatermark("_event_time", f"{duration_seconds(gold.allowed_lateness)} seconds")
-        )
+        lateness = f"{duration_seconds(gold.allowed_lateness)} seconds"
+        stream = whole_versions(spark, self.input_path).withWatermark("_event_time", lateness)
         if gold.deduplicate:
             stream = stream.dropDuplicatesWithinWatermark(list(gold.deduplicate))
         return self._aggregate(stream).select(*gold_columns(gold))
@@ -460,17 +543,7 @@ class GoldStage(_GoldBase):
                 writes.append(self._merge(updated, batch_id))
         finally:
             updated.unpersist()
-        commit = BatchCommit(
-            flow=self.spec.name,
-            batch_id=batch_id,
-            table_version=writes[0].version if writes else None,
-            rows_added=sum(w.rows for w in writes),
-            replayed=bool(writes) and all(w.skipped for w in writes),
-            stage=self.kind,
-            writes=tuple(writes),
-        )
-        self.on_commit(commit)
-        return commit
+        return self._committed(batch_id, writes)
 
     def _merge(self, updated: DataFrame, batch_id: int) -> TableWrite:
         gold = self.gold

@@ -140,6 +140,8 @@ class SilverStage:
     kind = STAGE
     output_mode = "append"
 
+    reads_flows: tuple[str, ...] = ()
+
     def __init__(
         self,
         spec: FlowSpec,

@@ -1,7 +1,8 @@
 """Demo input: order events and customer changes to Kafka, order files to the landing zone.
 
-Order events go to the topic ``orders``, JSON files to the landing zone, and a Debezium change
-stream of customers to the topic ``customers_cdc``.
+Order events go to the topic ``orders`` and the payments of most orders to ``payments``, JSON
+files to the landing zone, and a Debezium change stream of customers to the topic
+``customers_cdc``.
 
 Usage: ``python platform/demo/produce_sample.py [--events 2000] [--files 3] [--customers 20]``.
 Each call adds new events (ids continue from a counter kept under the runtime folder), so running
@@ -32,7 +33,11 @@ from pipelines.settings import Settings, load_settings
 from pipelines.spec import load_specs
 
 TOPIC = "orders"
+PAYMENTS_TOPIC = "payments"
 CDC_TOPIC = "customers_cdc"
+METHODS = ("card", "cash", "wallet")
+#: The share of orders that get paid (the rest show up unmatched in the join).
+PAID_SHARE = 0.9
 PRODUCTS = ("espresso", "latte", "flat-white", "cortado", "mocha")
 #: Records a real topic sees sooner or later; bronze must keep them, silver decides.
 BAD_RECORDS = (b"\xff\xfe not utf-8", b'{"order_id": "truncated', b"")
@@ -53,6 +58,21 @@ def order(
     }
 
 
+def payment(event: dict[str, object], rng: random.Random, delay: float | None = None) -> bytes:
+    """The payment of an order, ``delay`` (default: 0.5 to 20) minutes after it was placed."""
+    placed = datetime.fromisoformat(str(event["event_time"]))
+    paid_at = placed + timedelta(minutes=delay if delay is not None else rng.uniform(0.5, 20))
+    return json.dumps(
+        {
+            "payment_id": event["order_id"],
+            "order_id": event["order_id"],
+            "paid": event["amount"],
+            "method": rng.choice(METHODS),
+            "paid_at": paid_at.isoformat(),
+        }
+    ).encode()
+
+
 def late_day() -> date:
     """The day the demo's late orders were placed: two days ago, long closed under the watermark."""
     return datetime.now(UTC).date() - timedelta(days=2)
@@ -68,6 +88,7 @@ def produce_late(bootstrap: str, ids: range, rng: random.Random) -> int:
         producer.produce(
             TOPIC, key=str(event["customer_id"]).encode(), value=json.dumps(event).encode()
         )
+        producer.produce(PAYMENTS_TOPIC, key=str(order_id).encode(), value=payment(event, rng, 3))
     if producer.flush(60) != 0:
         raise RuntimeError("some late demo events were not delivered")
     return len(ids)
@@ -88,20 +109,27 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
             future.result()
 
 
-def produce_events(bootstrap: str, ids: range, rng: random.Random) -> int:
+def produce_events(bootstrap: str, ids: range, rng: random.Random) -> tuple[int, int]:
+    """Orders (and a few bad records) to their topic, and the payments of most of them to theirs;
+    how many records each got."""
     ensure_topic(bootstrap, TOPIC)
+    ensure_topic(bootstrap, PAYMENTS_TOPIC)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    payments = 0
     for order_id in ids:
         event = order(order_id, rng)
         producer.produce(
             TOPIC, key=str(event["customer_id"]).encode(), value=json.dumps(event).encode()
         )
+        if rng.random() < PAID_SHARE:
+            producer.produce(PAYMENTS_TOPIC, key=str(order_id).encode(), value=payment(event, rng))
+            payments += 1
         producer.poll(0)
     for bad in BAD_RECORDS:
         producer.produce(TOPIC, key=None, value=bad)
     if producer.flush(60) != 0:
         raise RuntimeError("some demo events were not delivered")
-    return len(ids) + len(BAD_RECORDS)
+    return len(ids) + len(BAD_RECORDS), payments
 
 
 def customer_changes(settings: Settings, customers: int, seed: int) -> list[cdc_events.ChangeEvent]:
@@ -195,11 +223,12 @@ def main() -> int:
     if args.late:
         sent = produce_late(bootstrap, next_ids(settings, args.late), rng)
         print(
-            f"produced {sent} orders placed on {late_day()} to Kafka topic '{TOPIC}': their "
-            "windows closed long ago, so the gold table's watermark sends them to its late table"
+            f"produced {sent} orders placed on {late_day()} to Kafka topic '{TOPIC}' and their "
+            f"payments to '{PAYMENTS_TOPIC}': their windows closed long ago, so the gold tables' "
+            "watermarks send them to their late tables"
         )
         return 0
-    sent = produce_events(bootstrap, next_ids(settings, args.events), rng)
+    sent, payments = produce_events(bootstrap, next_ids(settings, args.events), rng)
     seed = rng.randrange(2**31)
     changes = customer_changes(settings, args.customers, seed)
     cdc_sent = produce_changes(bootstrap, changes, seed)
@@ -215,7 +244,8 @@ def main() -> int:
         with_oddities=schema_stored,
     )
     print(
-        f"produced {sent} records to Kafka topic '{TOPIC}' and {lines} lines in {args.files} files"
+        f"produced {sent} records to Kafka topic '{TOPIC}', {payments} payments to "
+        f"'{PAYMENTS_TOPIC}' and {lines} lines in {args.files} files"
     )
     ops = Counter(e.op or "tombstone" for e in changes)
     print(

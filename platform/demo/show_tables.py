@@ -16,7 +16,7 @@ from pipelines.locations import FlowLocations, silver_table_path
 from pipelines.settings import Settings, load_settings
 from pipelines.silver.schema_changes import evolved_columns
 from pipelines.spark import get_spark_session
-from pipelines.spec import FlowSpec, ddl_fields, load_specs
+from pipelines.spec import FlowSpec, GoldJoinSpec, ddl_fields, load_specs
 
 
 def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
@@ -71,27 +71,36 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
         if not DeltaTable.isDeltaTable(spark, path):
             print(f"\n== gold {gold.table}: not written yet")
             continue
+        if isinstance(gold, GoldJoinSpec):  # the newest pairs; a late row's side and time
+            newest, late_columns = ["_left_time", *gold.join.keys], ["_side", "_event_time"]
+            what, matched = "joined rows", F.count(F.when(~F.col("_matched"), 1))
+            side = " of the side behind"
+        else:  # the newest windows; a late row's time and the window it missed
+            newest = ["window_start", *gold.group_by]
+            late_columns = ["_event_time", "_window_start", "_window_end", *gold.group_by]
+            what, matched, side = "windows", F.lit(None), ""
         table = spark.read.format("delta").load(path)
         split = locations.stage_checkpoint(f"gold.{gold.table}.split")
         record = WatermarkLog(split, 0).latest()
         watermark = record.watermark_micros if record else None
+        counts = table.agg(F.count(F.lit(1)), matched).first()
+        assert counts is not None
+        unmatched = f", {counts[1]} without a match" if counts[1] is not None else ""
         print(
-            f"\n== gold table {gold.table} at {path}: {table.count()} windows; watermark "
-            f"{micros_to_iso(watermark)} (newest event time - {gold.allowed_lateness})"
+            f"\n== gold table {gold.table} at {path}: {counts[0]} {what}{unmatched}; watermark "
+            f"{micros_to_iso(watermark)} (newest event time{side} - {gold.allowed_lateness})"
         )
-        table.orderBy(F.desc("window_start"), *gold.group_by).drop("_updated_at").show(
-            8, truncate=False
-        )
+        table.orderBy(*(F.desc(c) for c in newest[:1]), *newest[1:]).drop(
+            "_updated_at", "_joined_at"
+        ).show(8, truncate=False)
         late_path = str(paths[f"late/{gold.table}"])
         if DeltaTable.isDeltaTable(spark, late_path):
             late = spark.read.format("delta").load(late_path)
             print(
-                f"== late-data table {gold.late.table}: {late.count()} rows that arrived after "
-                "their window closed (kept, never dropped)"
+                f"== late-data table {gold.late.table}: {late.count()} rows that arrived behind "
+                "the watermark (kept, never dropped)"
             )
-            late.select(
-                "_event_time", "_watermark", "_window_start", "_window_end", *gold.group_by
-            ).orderBy("_event_time").show(8, truncate=False)
+            late.select(*late_columns, "_watermark").orderBy("_event_time").show(8, truncate=False)
             backfills = gold_backfills_path(paths[f"gold/{gold.table}"])
             if DeltaTable.isDeltaTable(spark, str(backfills)):
                 done = spark.read.format("delta").load(str(backfills))
@@ -104,9 +113,9 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
             day = late.agg(F.max("_event_date")).first()
             if day is not None and day[0] is not None:
                 print(f"gold {gold.table} on {day[0]}, the late rows' day:")
-                table.where(F.col("_event_date") == F.lit(day[0])).orderBy(
-                    "window_start", *gold.group_by
-                ).drop("_updated_at").show(8, truncate=False)
+                table.where(F.col("_event_date") == F.lit(day[0])).orderBy(*newest).drop(
+                    "_updated_at", "_joined_at"
+                ).show(8, truncate=False)
 
 
 def show_history(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:

@@ -64,3 +64,39 @@ def read_gold(path: Path | str, group_by: Sequence[str] = (), where: str = "") -
 def project(rows: GoldRows, names: Sequence[str]) -> GoldRows:
     """Only the aggregates ``names`` of each row."""
     return {key: {n: values[n] for n in names} for key, values in rows.items()}
+
+
+#: A joined row, comparable: (order id, left amount, payment id or None, paid or None).
+JoinedRow = tuple[Any, ...]
+
+
+def expected_join(
+    left: Iterable[dict[str, Any]],
+    right: Iterable[dict[str, Any]],
+    after: timedelta,
+    before: timedelta = timedelta(0),
+    outer: bool = False,
+) -> list[JoinedRow]:
+    """Orders joined with payments on ``order_id`` with ``ts - before <= paid_at <= ts + after``
+    (nested loops: no shared code with the engine); with ``outer``, unmatched orders too."""
+    rows: list[JoinedRow] = []
+    right = list(right)
+    for order in left:
+        matches = [
+            (p["payment_id"], p["paid"])
+            for p in right
+            if p["order_id"] == order["order_id"]
+            and order["ts"] - before <= p["paid_at"] <= order["ts"] + after
+        ]
+        if not matches and outer:
+            matches = [(None, None)]
+        rows += [(order["order_id"], order["amount"], *m) for m in matches]
+    return sorted(rows, key=repr)
+
+
+def read_join(path: Path | str, where: str = "") -> list[JoinedRow]:
+    """The joined table's rows in the shape of :func:`expected_join`."""
+    rows = read_rows(path, ["order_id", "amount", "payment_id", "paid"], where)
+    return sorted(
+        ((r["order_id"], r["amount"], r["payment_id"], r["paid"]) for r in rows), key=repr
+    )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pipelines.gold.backfill import BackfillRefusedError, check_closed, closing_time
-from pipelines.gold.watermark import WatermarkLog
+from pipelines.gold.watermark import EVENTS, WatermarkLog
 from pipelines.gold.windows import MICROS, earliest_window_end_micros, is_late
 from pipelines.spec import SpecError, duration_seconds, parse_spec
 from tests.support.gold import windows_of
@@ -130,15 +130,15 @@ def test_late_means_the_state_spark_would_use_is_closed() -> None:
 def test_the_watermark_log_survives_restarts_and_replays_alike(tmp_path: Path) -> None:
     log = WatermarkLog(tmp_path, allowed_lateness_seconds=300)
     assert log.before(0) is None
-    first = log.record(0, micros("2026-11-20T10:31:00"))
+    first = log.record(0, {EVENTS: micros("2026-11-20T10:31:00")})
     assert first.watermark_micros == micros("2026-11-20T10:26:00")
-    log.record(1, micros("2026-11-20T10:02:00"))  # older rows never lower it
+    log.record(1, {EVENTS: micros("2026-11-20T10:02:00")})  # older rows never lower it
     again = WatermarkLog(tmp_path, allowed_lateness_seconds=300)  # a restart
     assert again.before(2) is not None
     assert again.before(2).watermark_micros == first.watermark_micros  # type: ignore[union-attr]
     # a replay of batch 1 is judged by batch 0's record, whatever batch 1 recorded before
     assert again.before(1) == first
-    log.record(2, None)  # a batch of quarantined rows only
+    log.record(2, {EVENTS: None})  # a batch of quarantined rows only
     assert log.latest() is not None and log.latest().max_event_micros == first.max_event_micros  # type: ignore[union-attr]
 
 
@@ -148,7 +148,7 @@ def test_only_closed_dates_can_be_backfilled() -> None:
     assert closing_time(day, gold) == datetime(2026, 11, 21, 0, 10, tzinfo=UTC)
     check_closed(day, day, gold, micros("2026-11-21T00:10:00"), "shop")
     with pytest.raises(
-        BackfillRefusedError, match="2026-11-20 is still open: its last windows close"
+        BackfillRefusedError, match="2026-11-20 is still open: its rows are final when"
     ):
         check_closed(day, day, gold, micros("2026-11-21T00:09:59"), "shop")
     with pytest.raises(BackfillRefusedError, match="no committed stream batch yet"):

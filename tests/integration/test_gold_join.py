@@ -1,0 +1,222 @@
+"""Gold joins: orders joined with the payments of another flow within a time bound, inner and
+left outer, late rows of both sides captured and reconciled by a backfill (real Kafka, Spark,
+Delta; joined rows read back with delta-rs and compared with a plain-Python join).
+
+Two flows run in one application, run after run: ``shop_payments`` (payments from their topic
+into silver) and ``shop_orders``, whose two gold tables join its orders (left) with those
+payments (right) on ``order_id`` when ``ts <= paid_at <= ts + 15 minutes``. The allowed lateness
+is 5 minutes, so the join's watermark is the least over both sides of the newest event time sent
+in earlier runs minus 5 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pipelines.gold.backfill import BackfillRefusedError, backfill, unreconciled
+from pipelines.locations import gold_table_path, silver_table_path
+from pipelines.runner import EXIT_OK, StopRequest, run_flows
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec, load_specs
+from tests.integration.test_bronze_exactly_once import write_spec
+from tests.integration.test_source_faults import RecordingReporter
+from tests.support.delta_read import read_rows
+from tests.support.gold import expected_join, read_join
+from tests.support.kafka import create_topic, produce
+from tests.support.runtime import KafkaBroker
+
+BASE = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+BOUND = timedelta(minutes=15)
+
+
+def at(minutes: float) -> datetime:
+    return BASE + timedelta(minutes=minutes)
+
+
+def specs(tmp_path: Path, orders_topic: str, payments_topic: str) -> dict[str, FlowSpec]:
+    folder = tmp_path / "flows"
+    join = {
+        "keys": ["order_id"],
+        "left": {"event_time": "ts", "columns": ["amount"]},
+        "right": {
+            "flow": "shop_payments",
+            "event_time": "paid_at",
+            "columns": ["payment_id", "paid"],
+        },
+        "within": {"after": "15 minutes"},
+    }
+    write_spec(
+        folder,
+        {
+            "name": "shop_payments",
+            "source": {"kind": "kafka", "topics": [payments_topic]},
+            "target": {"table": "bronze_shop_payments"},
+            "silver": {
+                "format": "json",
+                "schema": "payment_id BIGINT, order_id BIGINT, paid DOUBLE, paid_at TIMESTAMP",
+            },
+        },
+    )
+    write_spec(
+        folder,
+        {
+            "name": "shop_orders",
+            "source": {"kind": "kafka", "topics": [orders_topic]},
+            "target": {"table": "bronze_shop_orders"},
+            "silver": {"format": "json", "schema": "order_id BIGINT, amount DOUBLE, ts TIMESTAMP"},
+            "gold": [
+                {
+                    "table": "order_payments",
+                    "allowed_lateness": "5 minutes",
+                    "join": {**join, "how": "left_outer"},
+                },
+                {"table": "paid_orders", "allowed_lateness": "5 minutes", "join": join},
+            ],
+        },
+    )
+    return {spec.name: spec for spec in load_specs(folder)}
+
+
+def send(broker: KafkaBroker, topic: str, rows: list[dict[str, Any]]) -> None:
+    def text(value: Any) -> Any:
+        return value.isoformat() if isinstance(value, datetime) else value
+
+    records = [(None, json.dumps({k: text(v) for k, v in r.items()}).encode()) for r in rows]
+    produce(broker.bootstrap_servers, topic, records)
+
+
+def order(order_id: int, minutes: float, amount: float) -> dict[str, Any]:
+    return {"order_id": order_id, "amount": amount, "ts": at(minutes)}
+
+
+def payment(payment_id: int, order_id: int, minutes: float, paid: float) -> dict[str, Any]:
+    return {"payment_id": payment_id, "order_id": order_id, "paid": paid, "paid_at": at(minutes)}
+
+
+def late_rows(settings: Settings, table: str) -> list[tuple[str, int]]:
+    rows = read_rows(gold_table_path(settings, table), ["_side", "_source_offset"])
+    return sorted((r["_side"], r["_source_offset"]) for r in rows)
+
+
+def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
+    spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    create_topic(kafka_broker.bootstrap_servers, "join_orders", partitions=1)
+    create_topic(kafka_broker.bootstrap_servers, "join_payments", partitions=1)
+    flows = specs(tmp_path, "join_orders", "join_payments")
+    orders: list[dict[str, Any]] = []
+    payments: list[dict[str, Any]] = []
+
+    def run(new_orders: list[dict[str, Any]], new_payments: list[dict[str, Any]]) -> Any:
+        send(kafka_broker, "join_orders", new_orders)
+        send(kafka_broker, "join_payments", new_payments)
+        orders.extend(new_orders)
+        payments.extend(new_payments)
+        reporter = RecordingReporter()
+        code = run_flows(
+            list(flows.values()), spark_settings, reporter, StopRequest(None), spark=spark
+        )
+        assert code == EXIT_OK, reporter.errors
+        return reporter
+
+    outer_path = gold_table_path(spark_settings, "order_payments")
+    inner_path = gold_table_path(spark_settings, "paid_orders")
+    future = datetime.now(UTC) + timedelta(hours=3)
+    first = run(
+        [order(1, 0, 10.0), order(2, 5, 20.0), order(3, 10, 30.0), order(4, 20, 40.0)],
+        [
+            payment(101, 1, 3, 10.0),
+            payment(102, 2, 30, 20.0),  # 25 minutes after order 2: outside the bound
+            payment(104, 4, 22, 40.0),
+            {"payment_id": 105, "order_id": 4, "paid": 1.0, "paid_at": None},  # null time
+            {"payment_id": 106, "order_id": 4, "paid": 1.0, "paid_at": future},  # wrong clock
+        ],
+    )  # newest: orders 10:20, payments 10:30 -> watermark min(10:15, 10:25) = 10:15
+    # pairs at once; no unmatched order yet: 10:05 + 15 minutes is not below the watermark
+    assert read_join(inner_path) == [(1, 10.0, 101, 10.0), (4, 40.0, 104, 40.0)]
+    assert read_join(outer_path) == read_join(inner_path)
+
+    second = run(
+        [order(5, 40, 50.0), order(6, 8, 60.0)],  # order 6 at 10:08 <= 10:15: late
+        [
+            payment(103, 2, 12, 20.0),  # order 2's payment at 10:12: late
+            payment(107, 5, 45, 50.0),
+            payment(108, 6, 9, 60.0),  # late
+        ],
+    )  # watermark min(10:35, 10:40) = 10:35: orders 2 (10:05) and 3 (10:10) pass their bound
+    assert late_rows(spark_settings, "order_payments_late") == [
+        ("left", 5),
+        ("right", 5),
+        ("right", 7),
+    ]
+    assert late_rows(spark_settings, "paid_orders_late") == late_rows(
+        spark_settings, "order_payments_late"
+    )
+    assert (2, 20.0, None, None) in read_join(outer_path)
+    assert (3, 30.0, None, None) in read_join(outer_path)
+
+    # the 20th is open under 10:35: a backfill is refused
+    with pytest.raises(BackfillRefusedError, match="2026-11-20 is still open"):
+        backfill(
+            spark, flows["shop_orders"], spark_settings, "order_payments", BASE.date(), BASE.date()
+        )
+    third = run([order(9, 15 * 60, 90.0)], [payment(109, 9, 15 * 60 + 1, 90.0)])  # 21st 01:00
+
+    quarantine = read_rows(silver_table_path(spark_settings, "silver_shop_orders_quarantine"))
+    reasons = sorted(r["reasons"][0] for r in quarantine)
+    assert reasons == sorted(
+        [
+            f"gold {table}: event time paid_at (right side, flow shop_payments) is {what}"
+            for table in ("order_payments", "paid_orders")
+            for what in (
+                "null",
+                "later than its ingestion time + max_future_skew (1 hour)",
+            )
+        ]
+    )
+    for reporter in (first, second, third):
+        splits = [b for b in reporter.batches if b.stage.endswith(".split")]
+        assert splits
+        for batch in splits:
+            quality = batch.quality or {}
+            assert (
+                quality["rows_in"] == quality["on_time"] + quality["late"] + quality["quarantined"]
+            )
+        joins = [
+            b for b in reporter.batches if b.stage in ("gold.order_payments", "gold.paid_orders")
+        ]
+        assert joins and all(b.state is not None for b in joins)
+        assert sum(b.state["rows_dropped_by_watermark"] for b in joins if b.state) == 0
+
+    # the stream's rows: the plain-Python join of the rows that were on time
+    late_offsets = {("left", 5), ("right", 5), ("right", 7)}
+    on_time_orders = [o for i, o in enumerate(orders) if ("left", i) not in late_offsets]
+    valid = [p for p in payments if p["paid_at"] not in (None, future)]
+    on_time_payments = [p for p in valid if ("right", payments.index(p)) not in late_offsets]
+    assert read_join(inner_path) == expected_join(on_time_orders, on_time_payments, BOUND)
+    assert read_join(outer_path) == expected_join(
+        on_time_orders, on_time_payments, BOUND, outer=True
+    )
+
+    # the 20th closed under 2026-11-21 00:55: the backfill puts the late rows in
+    for table, outer in (("order_payments", True), ("paid_orders", False)):
+        result = backfill(
+            spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
+        )
+        assert result.late_rows_covered == 3
+        again = backfill(
+            spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
+        )
+        assert again.gold_rows == result.gold_rows
+        assert unreconciled(spark, flows["shop_orders"], spark_settings, table).count() == 0
+        path = gold_table_path(spark_settings, table)
+        day = [o for o in orders if o["ts"].date() == BASE.date()]
+        assert read_join(path, "_event_date = '2026-11-20'") == expected_join(
+            day, valid, BOUND, outer=outer
+        )
