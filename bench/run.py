@@ -28,6 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import PROJECT_ROOT, BenchError, Outcome, say
+from bench.join import Plan as JoinPlan
+from bench.join import run_gold_join
 from bench.latency import run_latency
 from bench.machine import load_average, machine_facts, versions
 from bench.merge import parse_conf, plan_of, run_merge_throughput
@@ -54,6 +56,7 @@ BENCHMARKS = (
     "optimize_reads",
     "rules_throughput",
     "gold_stateful",
+    "gold_join",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
 ON_REQUEST = {
@@ -62,6 +65,7 @@ ON_REQUEST = {
     "optimize_reads",
     "rules_throughput",
     "gold_stateful",
+    "gold_join",
 }
 NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
 
@@ -172,6 +176,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gold-rounds", type=int, default=10, help="gold_stateful: appends, each run to its end"
     )
+    parser.add_argument(
+        "--join-orders", type=int, default=500_000, help="gold_join: orders (90 %% get paid)"
+    )
+    parser.add_argument(
+        "--join-rounds", type=int, default=10, help="gold_join: appends, each run to its end"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     return parser.parse_args(argv)
 
@@ -204,6 +214,9 @@ class Bench:
             a = self.args
             plan = StatefulPlan(a.gold_records, a.gold_keys, a.gold_rounds)
             self.record("gold_stateful", run_gold_stateful(self.workdir, self.jars_dir, plan))
+        if "gold_join" in self.selected:
+            join_plan = JoinPlan(self.args.join_orders, self.args.join_rounds)
+            self.record("gold_join", run_gold_join(self.workdir, self.jars_dir, join_plan))
         if self.selected & NEEDS_BROKER:
             self.with_broker()
 

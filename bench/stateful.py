@@ -259,25 +259,35 @@ def run_gold_stateful(workdir: Path, jars_dir: Path, plan: Plan) -> Outcome:
 
 
 def _rows(report: dict[str, Any]) -> list[Row]:
-    records, seconds = report["records"], report["seconds"]
     notes = (
-        f"{records:,} events, {report['keys']:,} distinct keys, {WINDOW} windows, "
+        f"{report['records']:,} events, {report['keys']:,} distinct keys, {WINDOW} windows, "
         f"{report['rounds']} availableNow rounds"
     )
+    return runner_rows(
+        "gold_stateful", report, report["records"], notes, "Spark's watermark drop", "late rows"
+    )
+
+
+def runner_rows(
+    benchmark: str, report: dict[str, Any], events: int, notes: str, spark_label: str, late: str
+) -> list[Row]:
+    """The rows of a Conflux-vs-Spark stateful benchmark: events/s and the state of each runner,
+    then the late rows Conflux captured against those Spark dropped."""
+    seconds = report["seconds"]
     rows = []
-    for runner, label in (("spark", "Spark's watermark drop"), ("conflux", "Conflux late capture")):
+    for runner, label in (("spark", spark_label), ("conflux", "Conflux late capture")):
         state = report[f"{runner}_state"]
         rows.append(
             Row(
-                "gold_stateful",
+                benchmark,
                 f"{label}: events/s (ratio to Spark)",
-                f"{records / seconds[runner]:,.0f} ({seconds['spark'] / seconds[runner]:.2f}x)",
+                f"{events / seconds[runner]:,.0f} ({seconds['spark'] / seconds[runner]:.2f}x)",
                 f"{notes}; {seconds[runner]:.1f} s in all",
             )
         )
         rows.append(
             Row(
-                "gold_stateful",
+                benchmark,
                 f"{label}: state rows / memory / RocksDB on disk",
                 f"{state['rows_total']:,} / {state['memory_bytes'] / 2**20:.1f} MiB / "
                 f"{state['sst_bytes'] / 2**20:.1f} MiB",
@@ -286,10 +296,10 @@ def _rows(report: dict[str, Any]) -> list[Row]:
         )
     rows.append(
         Row(
-            "gold_stateful",
-            "late rows: captured by Conflux / dropped by Spark",
+            benchmark,
+            f"{late}: captured by Conflux / dropped by Spark",
             f"{report['late_captured']:,} / {report['spark_dropped']:,}",
-            "the same rows: both gold tables agree on every other row",
+            "the same rows: both tables agree on every other row",
         )
     )
     return rows

@@ -325,7 +325,13 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print(
             f"flow {spec.name}: gold {table} {first}..{last} recomputed from the silver events: "
-            f"{result.gold_rows} rows reflecting {result.rows_reflected} events, "
+            f"{result.gold_rows} rows"
+            + (
+                f" reflecting {result.rows_reflected} events"
+                if result.rows_reflected != result.gold_rows
+                else ""
+            )
+            + ", "
             f"{result.late_rows_covered} late rows reconciled (backfill {result.backfill_id}, "
             f"version {result.gold_version}; closed until {result.closed_until})"
         )

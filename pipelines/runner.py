@@ -210,11 +210,13 @@ class Phases:
                 not q.isActive and q.exception() is None for q in current
             ):
                 continue
-            waits_for = {
+            waits_for = {  # flows of this run that catch up and end (a continuous one never does)
                 other
                 for stage in self.pending[flow][0]
                 for other in stage.reads_flows
-                if other in self.pipelines and other != flow
+                if other in self.pipelines
+                and other != flow
+                and self.trigger_modes[other] == "available_now"
             }
             if self.trigger_modes[flow] == "available_now" and any(
                 self._feeds_others(other, queries) for other in waits_for
@@ -331,6 +333,29 @@ def run_flows(
     return run(lease_owner)
 
 
+def readers_last(pipelines: Sequence[FlowPipeline]) -> list[FlowPipeline]:
+    """The pipelines in an order where a flow comes after the flows whose events it reads (they
+    create their events tables when they prepare); a cycle keeps the given order."""
+    by_name = {p.spec.name: p for p in pipelines}
+    ordered: list[FlowPipeline] = []
+    visiting: set[str] = set()
+
+    def visit(pipeline: FlowPipeline) -> None:
+        name = pipeline.spec.name
+        if pipeline in ordered or name in visiting:
+            return
+        visiting.add(name)
+        for stage in pipeline.stages:
+            for other in stage.reads_flows:
+                if other in by_name:
+                    visit(by_name[other])
+        ordered.append(pipeline)
+
+    for pipeline in pipelines:
+        visit(pipeline)
+    return ordered
+
+
 def _run_owned(
     specs: list[FlowSpec],
     settings: Settings,
@@ -360,10 +385,7 @@ def _run_owned(
     spark.streams.addListener(tracker)
     code = EXIT_OK
     try:
-        read = {flow for p in pipelines for s in p.stages for flow in s.reads_flows}
-        # every flow's tables checked before any query starts; flows whose events another
-        # flow's stage reads first (they create their events table)
-        for pipeline in sorted(pipelines, key=lambda p: p.spec.name not in read):
+        for pipeline in readers_last(pipelines):  # every flow's tables before any query starts
             pipeline.prepare(spark)
         phases = Phases(pipelines, spark, trigger_mode)
         queries = phases.start_first()

@@ -1505,6 +1505,18 @@ class GoldJoinSpec(_GoldTable):
 
     @model_validator(mode="after")
     def _check_join(self) -> GoldJoinSpec:
+        keys = self.join.keys
+        for index, key in enumerate(keys):
+            if key in keys[:index]:
+                raise _error(f"{key!r} is named twice", "join.keys")
+        for name, side in (("left", self.join.left), ("right", self.join.right)):
+            for column in side.columns:
+                if side.prefix and side.prefix + column in keys:
+                    raise _error(
+                        f"{side.prefix + column!r} ({column!r} with the prefix) is a key column "
+                        "of the table; choose another prefix",
+                        f"join.{name}.prefix",
+                    )
         seen: dict[str, str] = {}
         for name, where in (
             *((k, "join.keys") for k in self.join.keys),
@@ -1764,10 +1776,14 @@ def join_input(
     name = gold.join.right_flow(spec.name)
     if name == spec.name:
         return spec
-    if flows is None:
-        folder = Path(spec.spec_file).parent
-        flows = {s.name: s for s in map(load_spec, sorted(folder.glob("*.yaml")))}
     where = f"{spec.spec_file}: {field}.join.right.flow"
+    if flows is None:
+        flows = {}
+        for path, data in _specs_beside(spec):
+            if data.get("name") == name:
+                flows[name] = parse_spec(data, where=str(path))
+            elif isinstance(data.get("name"), str):
+                flows[data["name"]] = spec  # a name only, for the error below
     other = flows.get(name)
     if other is None:
         raise SpecError(
@@ -1784,6 +1800,37 @@ def join_input(
             f"{spec.spec_file}: {context.get('field') or field}: {context.get('message', exc)}"
         ) from None
     return other
+
+
+def _specs_beside(spec: FlowSpec) -> Iterable[tuple[Path, dict[str, Any]]]:
+    """The YAML mappings in the folder ``spec`` was read from (unreadable files skipped: they are
+    not this lookup's to judge)."""
+    for path in sorted(Path(spec.spec_file).parent.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict):
+            yield path, data
+
+
+def join_readers(spec: FlowSpec) -> list[tuple[FlowSpec, GoldJoinSpec]]:
+    """The gold joins of other flows beside ``spec`` that read its silver events (as their right
+    side): a reset or refresh of its silver events breaks their streams."""
+    readers = []
+    for path, data in _specs_beside(spec):
+        if data.get("name") == spec.name or "join" not in str(data.get("gold")):
+            continue
+        try:
+            other = parse_spec(data, where=str(path))
+        except SpecError:
+            continue
+        readers += [
+            (other, gold)
+            for gold in other.gold
+            if isinstance(gold, GoldJoinSpec) and gold.join.right_flow(other.name) == spec.name
+        ]
+    return readers
 
 
 def parse_spec(data: Any, where: str = "<inline>") -> FlowSpec:

@@ -3,7 +3,8 @@
 On each gold asset (see :mod:`pipelines.stages.gold`):
 
 * ``rows_accounted`` (ERROR): every split batch adds up: the rows the split query read (Spark's
-  ``numInputRows``) are the rows it counted, ``rows in = on time + late + quarantined``, and the
+  ``numInputRows``) are the rows it counted, ``rows in = on time + late + quarantined +
+  filtered`` (rows a join side's ``where`` leaves out), and the
   input and late-data commits added those rows (unless replays Delta skipped);
 * ``late_rows`` (WARN): no row of the run arrived behind the watermark. Late rows are kept in
   the late-data table, so this is a to-do, not a loss: a backfill of their dates reconciles them;
@@ -36,7 +37,7 @@ from pipelines.spec import AnyGold
 ROWS_ACCOUNTED = "rows_accounted"
 LATE_ROWS = "late_rows"
 WATERMARK_DROPS = "watermark_drops"
-_COUNTS = ("rows_in", "on_time", "late", "quarantined")
+_COUNTS = ("rows_in", "on_time", "late", "quarantined", "filtered")
 
 
 def gold_check_specs(gold: AnyGold, key: AssetKey) -> list[AssetCheckSpec]:
@@ -67,9 +68,13 @@ def split_problems(message: Mapping[str, Any]) -> list[str]:
     """What does not add up in one split batch message."""
     quality = message["quality"]
     problems = []
-    parts = sum(int(quality[name]) for name in ("on_time", "late", "quarantined"))
+    parts = sum(
+        int(quality.get(name) or 0) for name in ("on_time", "late", "quarantined", "filtered")
+    )
     if int(quality["rows_in"]) != parts:
-        problems.append(f"{quality['rows_in']} rows in, but {parts} on time + late + quarantined")
+        problems.append(
+            f"{quality['rows_in']} rows in, but {parts} on time + late + quarantined + filtered"
+        )
     read = message.get("input_rows")
     if read is not None and int(read) != int(quality["rows_in"]):
         problems.append(f"the query read {read} rows, the split counted {quality['rows_in']}")

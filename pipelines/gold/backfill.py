@@ -63,6 +63,12 @@ from pipelines.stages.gold import COORDINATES
 LATE_ROW_ID = ("_source_topic", "_source_partition", "_source_offset")
 
 
+def late_row_id(gold: AnyGold) -> tuple[str, ...]:
+    """What identifies a late row of ``gold``: its event's place, and for a join its side (one
+    event is a row of both sides when a flow joins its own events)."""
+    return (*LATE_ROW_ID, "_side") if isinstance(gold, GoldJoinSpec) else LATE_ROW_ID
+
+
 class BackfillRefusedError(ConfigError):
     """A date of the range is still open, or the gold stream never ran."""
 
@@ -75,6 +81,7 @@ class BackfillResult:
     last_date: date
     backfill_id: str
     gold_rows: int
+    #: Events the rows reflect (windowed aggregates: their ``_rows``; joins: the joined rows).
     rows_reflected: int
     late_rows_covered: int
     gold_version: int | None
@@ -156,11 +163,13 @@ def check_closed(
         )
     closes = closing_time(last, gold)
     watermark = datetime.fromtimestamp(watermark_micros / MICROS, UTC)
+    behind = " of the side behind" if isinstance(gold, GoldJoinSpec) else ""
     if closes > watermark:
         raise BackfillRefusedError(
             f"flow {flow}: gold {gold.table}: {last} is still open: its rows are final when the "
             f"watermark passes {closes.isoformat()}, and it stands at {watermark.isoformat()} "
-            f"(the newest event time minus allowed_lateness {gold.allowed_lateness}). Backfill "
+            f"(the newest event time{behind} minus allowed_lateness {gold.allowed_lateness}). "
+            "Backfill "
             "dates up to the day before, or wait for the stream to move on."
         )
 
@@ -197,7 +206,8 @@ def recompute_join(
     for side in (LEFT, RIGHT):
         low, high = bounds[side]
         rows = events[side]
-        if side_of(gold, side).event_time == "_event_time":  # the partition column: prune
+        flow = spec if side == LEFT else other
+        if reads_event_date(flow, side_of(gold, side).event_time):
             rows = rows.where(F.col("_event_date").between(F.lit(low.date()), F.lit(high.date())))
         sides.append(
             side_rows(rows, gold, side, schema).where(
@@ -212,13 +222,22 @@ def recompute_join(
     return joined.where(F.col("_event_date").between(F.lit(first), F.lit(last)))
 
 
-def recompute(events: DataFrame, gold: GoldSpec, first: date, last: date) -> DataFrame:
+def reads_event_date(spec: FlowSpec, event_time: str) -> bool:
+    """Whether ``event_time`` is the events' ``_event_time``, whose date partitions the events
+    table (``_event_date``): then a backfill reads only the dates it needs."""
+    silver = spec.silver
+    return event_time == "_event_time" or (silver is not None and event_time == silver.event_time)
+
+
+def recompute(
+    spec: FlowSpec, events: DataFrame, gold: GoldSpec, first: date, last: date
+) -> DataFrame:
     """Gold rows of the windows starting on ``first..last``, from all the events."""
     event_time = F.col(gold.event_time).cast("timestamp")
     duration = timedelta(seconds=duration_seconds(gold.window.duration))
     low = datetime(first.year, first.month, first.day, tzinfo=UTC) - duration
     high = closing_time(last, gold)
-    if gold.event_time == "_event_time":  # the events' partition column: prune the dates
+    if reads_event_date(spec, gold.event_time):
         events = events.where(F.col("_event_date").between(F.lit(low.date()), F.lit(high.date())))
     kept = dict.fromkeys((*gold.input_columns(), *ARRIVAL_ORDER))
     rows = events.select(
@@ -262,11 +281,11 @@ def backfill(
     late_version = delta_version(spark, late_path)
     if isinstance(gold, GoldJoinSpec):
         rows = recompute_join(spark, spec, settings, gold, first, last)
-        reflected = F.count(F.lit(1)) + F.count("_right_time")  # the rows of each pair
+        reflected = F.count(F.lit(1))  # a joined row reflects one pair (or one unmatched row)
         covered = covered_condition(gold, first, last)
     else:
         events = spark.read.format("delta").load(str(paths["events"]))
-        rows = recompute(events, gold, first, last)
+        rows = recompute(spec, events, gold, first, last)
         reflected = F.sum("_rows")
         covered = (F.to_date("_window_start") >= F.lit(first)) & (
             F.to_date(last_window_start(F.col("_event_time"), gold)) <= F.lit(last)
@@ -289,7 +308,9 @@ def backfill(
     covered_rows = 0
     if late_version is not None:
         late = spark.read.format("delta").option("versionAsOf", late_version).load(late_path)
-        covered_rows = _record(late.where(covered), gold_path, backfill_id, first, last)
+        covered_rows = _record(
+            late.where(covered), late_row_id(gold), gold_path, backfill_id, first, last
+        )
     version = delta_version(spark, gold_path)
     return BackfillResult(
         flow=spec.name,
@@ -305,7 +326,14 @@ def backfill(
     )
 
 
-def _record(covered: DataFrame, gold_path: str, backfill_id: str, first: date, last: date) -> int:
+def _record(
+    covered: DataFrame,
+    row_id: tuple[str, ...],
+    gold_path: str,
+    backfill_id: str,
+    first: date,
+    last: date,
+) -> int:
     """Append the late rows the backfill covered to ``<gold>__backfills``; how many.
 
     A row of windowed aggregates is covered when every window holding it starts on a backfilled
@@ -317,7 +345,7 @@ def _record(covered: DataFrame, gold_path: str, backfill_id: str, first: date, l
         F.current_timestamp().alias("backfilled_at"),
         F.lit(first).alias("first_date"),
         F.lit(last).alias("last_date"),
-        *LATE_ROW_ID,
+        *row_id,
         "_event_time",
         "_event_date",
     ).persist()
@@ -340,5 +368,6 @@ def unreconciled(spark: SparkSession, spec: FlowSpec, settings: Settings, table:
     record = gold_backfills_path(paths[f"gold/{gold.table}"])
     if not DeltaTable.isDeltaTable(spark, str(record)):
         return late
-    covered = spark.read.format("delta").load(str(record)).select(*LATE_ROW_ID).distinct()
-    return late.join(covered, list(LATE_ROW_ID), "left_anti")
+    row_id = list(late_row_id(gold))
+    covered = spark.read.format("delta").load(str(record)).select(*row_id).distinct()
+    return late.join(covered, row_id, "left_anti")

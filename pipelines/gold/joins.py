@@ -2,18 +2,31 @@
 
 A join's split query (:class:`pipelines.stages.gold_join.JoinSplitStage`) reads both sides' silver
 events into one **input table**: a row is ``_side`` (left or right), its ``_event_time``, the
-side's columns in a struct (``_left`` or ``_right``, the other one null) and its coordinates.
-The stateful query reads that one table as one Delta stream and joins it with itself, so both
-sides of every micro-batch come from the same table versions; a backfill applies the very same
-:func:`join_rows` to a batch of both sides' events.
+side's columns in a struct (``_left`` or ``_right``, the other one null) and its coordinates;
+each split batch appends its on-time rows of both sides in one commit. The stateful query reads
+that table as a Delta stream and joins its left rows with its right rows; a backfill applies the
+very same :func:`join_rows` to a batch of both sides' events.
 
 **Which rows are late.** Spark's stream-stream join drops an input row of either side when its
 event time is not above the global watermark (the least of the two sides' watermarks, of the
-batch before), counting it in ``numRowsDroppedByWatermark`` (measured on Spark 4.1.3). The split
-uses that very rule against Conflux's watermark: the least over both sides of ``max(event time of
-the side's earlier split batches) - allowed_lateness``, none until both sides had a row. Spark's
-watermarks see only rows the split already let through, so its global watermark is never above
-Conflux's, and every row it would drop was captured in the late-data table first.
+batch before), counting it in ``numRowsDroppedByWatermark`` (measured on Spark 4.1.3). A side's
+Spark watermark is ``max(event time of the side's rows the join has read) - allowed_lateness``.
+The split judges a row of split batch ``m`` by Conflux's watermark ``W = min over both sides of
+(the side's max of batches < m) - allowed_lateness`` (the epoch until both sides had a row),
+which is exactly the join's watermark when the join reads split batches in order: so the late
+rows are exactly the rows the join would drop. That holds when the join does not plan while the
+split commits (an ``available_now`` run: the join starts once the split has ended).
+
+When both queries run at once, one more case: Spark plans the self-join of the input table as
+two sources of one table, each taking its own end version, so one branch can read a split commit
+one batch before the other and push its side's watermark ahead by that commit's rows. A split
+batch that starts while the join query runs therefore judges a row of side T by
+``min(T's max of batches < m, the other side's max of batches <= m) - allowed_lateness``
+(:func:`side_watermarks`), never below the join's watermark even then; the price is that rows
+just above ``W`` may be captured although the join would still have taken them (a backfill puts
+them in). The choice is recorded per batch before it writes (a replay splits as its first attempt
+did). Two split commits within the milliseconds between the two sources' planning would exceed
+that margin; split batches are seconds apart, and the gold check ``watermark_drops`` shows it.
 
 **When output appears.** A pair is written in the micro-batch that brings its second row. With
 ``left_outer``, a left row without a match is written (right columns null, ``_matched`` false) once
@@ -23,13 +36,18 @@ join's state then, in a batch of its own when no data comes (a no-data batch).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from pipelines.spec import GoldJoinSpec, JoinSide, duration_seconds
+from pipelines.errors import ConfigError
+from pipelines.identity import checkpoint_has_offsets
+from pipelines.locations import FlowLocations
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec, GoldJoinSpec, JoinSide, duration_seconds, join_readers
 
 #: ``_side`` of an input row.
 LEFT, RIGHT = "left", "right"
@@ -41,12 +59,16 @@ def side_of(gold: GoldJoinSpec, side: str) -> JoinSide:
     return gold.join.left if side == LEFT else gold.join.right
 
 
-def side_rows(events: DataFrame, gold: GoldJoinSpec, side: str, schema: StructType) -> DataFrame:
-    """One side's events as input rows of ``schema`` (the input table's): the side's ``where``
-    applied, its columns in its struct, its event time as ``_event_time``."""
+def side_rows(
+    events: DataFrame, gold: GoldJoinSpec, side: str, schema: StructType, mark: bool = False
+) -> DataFrame:
+    """One side's events as input rows of ``schema`` (the input table's): its columns in its
+    struct, its event time as ``_event_time``; the rows the side's ``where`` leaves out dropped,
+    or with ``mark`` kept and marked in ``_gold_filtered`` (the split counts them)."""
     chosen = side_of(gold, side)
-    if chosen.where:
-        events = events.where(F.expr(chosen.where))
+    wanted = F.coalesce(F.expr(chosen.where), F.lit(False)) if chosen.where else F.lit(True)
+    if not mark:
+        events = events.where(wanted)
     own = F.struct(*(F.col(c) for c in gold.side_columns(side)))
     columns = {
         "_side": F.lit(side),
@@ -58,21 +80,45 @@ def side_rows(events: DataFrame, gold: GoldJoinSpec, side: str, schema: StructTy
         *(
             columns.get(field.name, F.col(field.name)).cast(field.dataType).alias(field.name)
             for field in schema.fields
-        )
+        ),
+        *([(~wanted).alias("_gold_filtered")] if mark else []),
     )
 
 
-def late_condition(watermark_micros: int | None) -> Column:
-    """A row of either side is late when its event time is not above the watermark (None: no
-    watermark yet, nothing is late)."""
-    if watermark_micros is None:
-        return F.lit(False)
-    return F.col("_event_time") <= F.timestamp_micros(F.lit(watermark_micros))
+def side_watermarks(
+    before: Mapping[str, int | None], batch: Mapping[str, int | None], lateness_micros: int
+) -> dict[str, int]:
+    """The watermark the rows of each side of a split batch are judged by (see the module doc):
+    ``min(the side's max before the batch, the other side's max including the batch) -
+    lateness``; the epoch (0) while either is unknown, where Spark's watermark stands then."""
+
+    def known_max(*values: int | None) -> int | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    watermarks = {}
+    for side, other in ((LEFT, RIGHT), (RIGHT, LEFT)):
+        own, others = before.get(side), known_max(before.get(other), batch.get(other))
+        watermarks[side] = (
+            0 if own is None or others is None else min(own, others) - lateness_micros
+        )
+    return watermarks
 
 
-def is_late(event_micros: int, watermark_micros: int | None) -> bool:
-    """Plain-Python twin of :func:`late_condition`."""
-    return watermark_micros is not None and event_micros <= watermark_micros
+def common_watermarks(before: Mapping[str, int | None], lateness_micros: int) -> dict[str, int]:
+    """Both sides' watermark when the join does not run beside the split: ``min over both sides
+    of (the side's max before the batch) - lateness``; the epoch (0) until both had a row."""
+    known = [before.get(side) for side in (LEFT, RIGHT)]
+    watermark = 0
+    if all(m is not None for m in known):
+        watermark = min(m for m in known if m is not None) - lateness_micros
+    return {LEFT: watermark, RIGHT: watermark}
+
+
+def is_late(event_micros: int, watermark_micros: int) -> bool:
+    """Plain Python: a row of either side is late when its event time is not above the watermark
+    its side is judged by (:func:`side_watermarks`)."""
+    return event_micros <= watermark_micros
 
 
 def join_rows(rows: DataFrame, gold: GoldJoinSpec, lateness: str | None = None) -> DataFrame:
@@ -141,3 +187,32 @@ def covered_condition(gold: GoldJoinSpec, first: date, last: date) -> Column:
     return F.when(F.col("_side") == LEFT, in_range).otherwise(
         (earliest >= F.lit(first)) & (latest <= F.lit(last))
     )
+
+
+def refuse_started_readers(spec: FlowSpec, settings: Settings, action: str) -> None:
+    """Refuse ``action`` on ``spec``'s silver events (a reset or full refresh replaces them) while
+    another flow's gold join has streamed from them: its stream could not continue on the new
+    table. Its gold is reset first; its next run reads the new events from the start.
+
+    Raises:
+        ConfigError: naming the joins and the command that resets them.
+    """
+    started = [
+        (reader, gold)
+        for reader, gold in join_readers(spec)
+        if checkpoint_has_offsets(
+            FlowLocations.of(reader, settings).stage_checkpoint(f"gold.{gold.table}.split")
+        )
+    ]
+    if started:
+        names = ", ".join(f"{reader.name}'s {gold.table}" for reader, gold in started)
+        commands = " and ".join(
+            f"`conflux reset {name} --stage gold`"
+            for name in dict.fromkeys(r.name for r, _ in started)
+        )
+        raise ConfigError(
+            f"{spec.spec_file}: the gold joins {names} stream from flow {spec.name}'s silver "
+            f"events, which a {action} replaces: their streams could not go on. Reset them "
+            f"first ({commands}; their next runs join the new events from the start), then "
+            f"run the {action} again"
+        )

@@ -17,15 +17,26 @@ above Conflux's. So every row Spark would drop as late was split off first.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 from pipelines.locations import write_json_atomically
 
 #: Records kept behind the newest one (a replay reads only the one before it).
 KEEP_RECORDS = 20
+
+
+def micros_column(micros: int | None) -> Column:
+    """A timestamp literal of ``micros`` (null for None)."""
+    if micros is None:
+        return F.lit(None).cast("timestamp")
+    return F.timestamp_micros(F.lit(micros))
 
 
 def micros_to_iso(micros: int | None) -> str | None:
@@ -109,4 +120,17 @@ class WatermarkLog:
         )
         for old in self._batches()[:-KEEP_RECORDS]:
             (self.folder / f"{old}.json").unlink(missing_ok=True)
+            (self.folder / "decisions" / f"{old}.json").unlink(missing_ok=True)
         return record
+
+    def decision(self, batch_id: int, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """How batch ``batch_id`` judges its rows: ``decide()`` on its first attempt, recorded
+        before it writes anything, and the recorded decision on a replay (so a replay splits the
+        rows as the first attempt did, whatever changed in between)."""
+        path = self.folder / "decisions" / f"{batch_id}.json"
+        if path.exists():
+            recorded: dict[str, Any] = json.loads(path.read_text())
+            return recorded
+        decided = decide()
+        write_json_atomically(path, decided)
+        return decided

@@ -30,6 +30,8 @@ MICROS = 1_000_000
 GOLD_PROPERTY = "conflux.gold.design"
 #: ``_gold_class`` of a row of a split batch.
 ON_TIME, LATE, NULL_TIME, FUTURE_TIME = "on_time", "late", "null_event_time", "future_event_time"
+#: ``_gold_class`` of a row a join side's ``where`` leaves out.
+FILTERED = "filtered"
 
 
 def earliest_window_end_micros(event_micros: int, slide_seconds: int) -> int:
@@ -56,15 +58,14 @@ def earliest_window_end(event_time: Column, gold: GoldSpec) -> Column:
     return F.timestamp_micros(micros - F.pmod(micros, F.lit(slide)) + F.lit(slide))
 
 
-def late_condition(event_time: Column, watermark_micros: int | None, gold: GoldSpec) -> Column:
-    """Whether a row with ``event_time`` is late under ``watermark_micros`` (None: no watermark
-    yet, nothing is late)."""
-    if watermark_micros is None:
-        return F.lit(False)
-    watermark = F.timestamp_micros(F.lit(watermark_micros))
+def late_condition(event_time: Column, watermark: Column, gold: GoldSpec) -> Column:
+    """Whether a row with ``event_time`` is late under ``watermark`` (a timestamp Column; null:
+    no watermark yet, nothing is late)."""
     if gold.deduplicate:
-        return event_time <= watermark
-    return earliest_window_end(event_time, gold) <= watermark
+        late = event_time <= watermark
+    else:
+        late = earliest_window_end(event_time, gold) <= watermark
+    return F.coalesce(late, F.lit(False))
 
 
 def future_condition(event_time: Column, ingested_at: Column, max_future_skew: str) -> Column:

@@ -37,6 +37,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.delta_writes import TableWrite, committed_write
 from pipelines.errors import ConfigError
+from pipelines.gold.joins import refuse_started_readers
 from pipelines.identity import read_identity, write_identity
 from pipelines.lease import FlowLease, new_owner_id, owner_details
 from pipelines.locations import (
@@ -98,6 +99,7 @@ def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
         ConfigError: the flow has no silver stage of its own query to rebuild.
     """
     require_own_silver_query(spec, "refresh")
+    refuse_started_readers(spec, settings, "full refresh")
     if spec.gold:
         raise ConfigError(
             f"{spec.spec_file}: flow {spec.name} has gold tables, which stream from the silver "

@@ -301,6 +301,9 @@ def reset_silver(
     """
     if stage == "silver":
         require_own_silver_query(spec, "reset")
+        from pipelines.gold.joins import refuse_started_readers  # gold imports this module
+
+        refuse_started_readers(spec, settings, "reset")
     elif not spec.gold:
         raise ConfigError(f"{spec.spec_file}: flow {spec.name} has no gold stage to reset")
     locations = FlowLocations.of(spec, settings)

@@ -47,8 +47,15 @@ from pipelines.delta_writes import (
     retry_on_maintenance,
 )
 from pipelines.errors import ConfigError
-from pipelines.gold.watermark import EVENTS, WatermarkLog, micros_to_iso
+from pipelines.gold.watermark import (
+    EVENTS,
+    WatermarkLog,
+    WatermarkRecord,
+    micros_column,
+    micros_to_iso,
+)
 from pipelines.gold.windows import (
+    FILTERED,
     FUTURE_TIME,
     GOLD_PROPERTY,
     LATE,
@@ -299,7 +306,16 @@ class SplitStage(_GoldBase):
         """Which side a row of the batch comes from."""
         return F.lit(EVENTS)
 
-    def _late(self, watermark_micros: int | None) -> Column:
+    def _row_watermark(
+        self, batch_id: int, record: WatermarkRecord | None, rows: DataFrame
+    ) -> tuple[Column, dict[str, Any]]:
+        """The watermark each row of the batch is judged by (a timestamp Column; null: none yet)
+        and what the batch's progress reports of it. Here: Conflux's watermark before the batch."""
+        watermark = record.watermark_micros if record is not None else None
+        return micros_column(watermark), {"watermark": micros_to_iso(watermark)}
+
+    def _late(self, watermark: Column) -> Column:
+        """Whether a row is late under ``watermark`` (its :meth:`_row_watermark`)."""
         raise NotImplementedError
 
     def _late_columns(self) -> list[Column]:
@@ -313,30 +329,36 @@ class SplitStage(_GoldBase):
     def _rows(self, events: DataFrame) -> DataFrame:
         return events
 
+    def _filtered(self) -> Column:
+        """Rows the gold table does not read at all (a join side's ``where``)."""
+        return F.lit(False)
+
+    def _source_flow(self) -> Column:
+        """The flow whose events a row is (for the quarantine)."""
+        return F.lit(self.spec.name)
+
     def write_batch(self, events: DataFrame, batch_id: int) -> BatchCommit:
         if self.guard is not None:
             self.guard.check()
         gold = self.gold
         record = self.watermarks.before(batch_id)
-        watermark = record.watermark_micros if record is not None else None
         event_time = F.col("_event_time")
-        late = self._late(watermark)
-        rows = (
-            self._rows(events)
-            .withColumn(
-                "_gold_class",
-                row_class(event_time, F.col("_ingested_at"), late, gold.max_future_skew),
-            )
-            .withColumn("_gold_side", self._side())
-            .persist()
-        )
+        base = self._rows(events).withColumn("_gold_side", self._side()).persist()
         try:
+            watermark, reported = self._row_watermark(batch_id, record, base)
+            late = self._late(F.col("_gold_watermark"))
+            rows = base.withColumn("_gold_watermark", watermark).withColumn(
+                "_gold_class",
+                F.when(self._filtered(), F.lit(FILTERED)).otherwise(
+                    row_class(event_time, F.col("_ingested_at"), late, gold.max_future_skew)
+                ),
+            )
             judged = F.col("_gold_class").isin(ON_TIME, LATE)
             counts = rows.agg(
                 F.count(F.lit(1)).alias("rows_in"),
                 *(
                     F.count(F.when(F.col("_gold_class") == c, 1)).alias(c)
-                    for c in (ON_TIME, LATE, NULL_TIME, FUTURE_TIME)
+                    for c in (ON_TIME, LATE, NULL_TIME, FUTURE_TIME, FILTERED)
                 ),
                 *(
                     F.max(
@@ -361,7 +383,7 @@ class SplitStage(_GoldBase):
             if counts[LATE]:
                 writes.append(
                     append_idempotently(
-                        self._late_rows(rows, watermark, batch_id),
+                        self._late_rows(rows, batch_id),
                         gold.late.table,
                         f"late/{gold.table}",
                         self.late_path,
@@ -386,7 +408,7 @@ class SplitStage(_GoldBase):
                 batch_id, {side: counts[f"max_{side}"] for side in self.sides}
             )
         finally:
-            rows.unpersist()
+            base.unpersist()
         commit = BatchCommit(
             flow=self.spec.name,
             batch_id=batch_id,
@@ -402,9 +424,10 @@ class SplitStage(_GoldBase):
                 "on_time": int(counts[ON_TIME]),
                 "late": int(counts[LATE]),
                 "quarantined": quarantined,
+                "filtered": int(counts[FILTERED]),
                 "null_event_time": int(counts[NULL_TIME]),
                 "future_event_time": int(counts[FUTURE_TIME]),
-                "watermark": micros_to_iso(watermark),
+                **reported,
                 "next_watermark": micros_to_iso(after.watermark_micros),
                 "max_event_time": micros_to_iso(after.max_event_micros),
             },
@@ -412,11 +435,11 @@ class SplitStage(_GoldBase):
         self.on_commit(commit)
         return commit
 
-    def _late_rows(self, rows: DataFrame, watermark: int | None, batch_id: int) -> DataFrame:
+    def _late_rows(self, rows: DataFrame, batch_id: int) -> DataFrame:
         return rows.where(F.col("_gold_class") == LATE).select(
             *self.columns,
             F.to_date("_event_time").alias("_event_date"),
-            F.timestamp_micros(F.lit(watermark)).alias("_watermark"),
+            F.col("_gold_watermark").alias("_watermark"),
             *self._late_columns(),
             F.lit(batch_id).cast("bigint").alias("_split_batch_id"),
             F.current_timestamp().alias("_late_at"),
@@ -430,7 +453,7 @@ class SplitStage(_GoldBase):
             F.col("_gold_class") == NULL_TIME, F.concat(what, F.lit(" is null"))
         ).otherwise(F.concat(what, F.lit(f" is {skew}")))
         return rows.where(F.col("_gold_class").isin(NULL_TIME, FUTURE_TIME)).select(
-            F.lit(self.spec.name).alias("flow"),
+            self._source_flow().alias("flow"),
             F.col("_batch_id").alias("batch_id"),
             F.col("_source_topic").alias("topic"),
             F.col("_source_partition").alias("partition"),
@@ -486,8 +509,8 @@ class GoldSplitStage(SplitStage, _AggregateInput):
         picked["_event_time"] = F.col(self.gold.event_time).cast("timestamp")
         return events.select(*(column.alias(name) for name, column in picked.items()))
 
-    def _late(self, watermark_micros: int | None) -> Column:
-        return late_condition(F.col("_event_time"), watermark_micros, self.gold)
+    def _late(self, watermark: Column) -> Column:
+        return late_condition(F.col("_event_time"), watermark, self.gold)
 
     def _event_time_name(self) -> Column:
         return F.lit(self.gold.event_time)

@@ -17,12 +17,25 @@ A gold table with ``join:`` runs as two streaming queries, like windowed aggrega
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from pipelines.delta_writes import TableWrite, append_idempotently
-from pipelines.gold.joins import LEFT, RIGHT, join_rows, late_condition, side_of, side_rows
+from pipelines.errors import ConfigError
+from pipelines.gold.joins import (
+    LEFT,
+    RIGHT,
+    common_watermarks,
+    join_rows,
+    side_of,
+    side_rows,
+    side_watermarks,
+)
+from pipelines.gold.watermark import WatermarkRecord, micros_column, micros_to_iso
+from pipelines.gold.windows import future_condition
 from pipelines.locations import table_paths
 from pipelines.progress import BatchCommit
 from pipelines.spec import GoldJoinSpec, duration_seconds, join_input
@@ -56,6 +69,14 @@ class _JoinInput(_GoldBase):
             )
             for side in (LEFT, RIGHT)
         }
+        for key in gold.join.keys:
+            types = {side: events[side][key].dataType.simpleString() for side in (LEFT, RIGHT)}
+            if types[LEFT] != types[RIGHT]:
+                raise ConfigError(
+                    f"{self.spec.spec_file}: gold ({gold.table}): join key {key!r} is "
+                    f"{types[LEFT]} on the left and {types[RIGHT]} on the right; keys must have "
+                    "one type (cast one side in its flow's silver schema)"
+                )
         return StructType(
             [
                 StructField("_side", StringType()),
@@ -84,17 +105,70 @@ class JoinSplitStage(_JoinInput, SplitStage):
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
         """Both sides' events, whole versions per batch, as input rows."""
-        left = side_rows(whole_versions(spark, self.events_path), self.gold, LEFT, self.schema)
+        left = side_rows(
+            whole_versions(spark, self.events_path), self.gold, LEFT, self.schema, mark=True
+        )
         right = side_rows(
-            whole_versions(spark, self.right_events_path), self.gold, RIGHT, self.schema
+            whole_versions(spark, self.right_events_path), self.gold, RIGHT, self.schema, mark=True
         )
         return left.unionByName(right)
+
+    def _filtered(self) -> Column:
+        return F.col("_gold_filtered")
+
+    def _source_flow(self) -> Column:
+        right = self.gold.join.right_flow(self.spec.name)
+        return F.when(F.col("_side") == LEFT, F.lit(self.spec.name)).otherwise(F.lit(right))
 
     def _side(self) -> Column:
         return F.col("_side")
 
-    def _late(self, watermark_micros: int | None) -> Column:
-        return late_condition(watermark_micros)
+    def _row_watermark(
+        self, batch_id: int, record: WatermarkRecord | None, rows: DataFrame
+    ) -> tuple[Column, dict[str, Any]]:
+        """Each side's watermark: :func:`pipelines.gold.joins.common_watermarks`, or, when the
+        join query runs beside this one, :func:`pipelines.gold.joins.side_watermarks` (from the
+        sides' maxima before the batch and the batch's own); the choice recorded per batch."""
+        before = record.max_by_side if record is not None else {}
+        lateness = duration_seconds(self.gold.allowed_lateness) * 1_000_000
+        join_query = f"{self.spec.name}.gold.{self.gold.table}"
+        decision = self.watermarks.decision(
+            batch_id,
+            lambda: {
+                "join_running": any(q.name == join_query for q in rows.sparkSession.streams.active)
+            },
+        )
+        if decision["join_running"]:
+            watermarks = side_watermarks(before, self._batch_maxima(rows), lateness)
+        else:
+            watermarks = common_watermarks(before, lateness)
+        column = F.when(F.col("_side") == LEFT, micros_column(watermarks[LEFT])).otherwise(
+            micros_column(watermarks[RIGHT])
+        )
+        return column, {
+            "watermark": micros_to_iso(record.watermark_micros if record else None),
+            **{f"watermark_{side}": micros_to_iso(watermarks[side]) for side in self.sides},
+            "join_running": bool(decision["join_running"]),
+        }
+
+    def _batch_maxima(self, rows: DataFrame) -> dict[str, int | None]:
+        """The greatest event time of each side among the batch's rows the split judges."""
+        judged = ~F.col("_gold_filtered") & ~future_condition(
+            F.col("_event_time"), F.col("_ingested_at"), self.gold.max_future_skew
+        )
+        maxima = rows.agg(
+            *(
+                F.max(
+                    F.when(judged & (F.col("_side") == side), F.unix_micros("_event_time"))
+                ).alias(side)
+                for side in self.sides
+            )
+        ).first()
+        assert maxima is not None
+        return maxima.asDict()
+
+    def _late(self, watermark: Column) -> Column:
+        return F.col("_event_time") <= watermark
 
     def _late_columns(self) -> list[Column]:
         return []

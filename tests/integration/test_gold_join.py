@@ -4,8 +4,9 @@ Delta; joined rows read back with delta-rs and compared with a plain-Python join
 
 Two flows run in one application, run after run: ``shop_payments`` (payments from their topic
 into silver) and ``shop_orders``, whose two gold tables join its orders (left) with those
-payments (right) on ``order_id`` when ``ts <= paid_at <= ts + 15 minutes``. The allowed lateness
-is 5 minutes, so the join's watermark is the least over both sides of the newest event time sent
+payments (right, those with ``paid > 0``) on ``order_id`` when ``ts <= paid_at <= ts + 15
+minutes`` (left outer) or ``ts - 2 minutes <= paid_at <= ts + 15 minutes`` (inner). The allowed
+lateness is 5 minutes, so the join's watermark is the least over both sides of the newest event time sent
 in earlier runs minus 5 minutes.
 """
 
@@ -32,7 +33,7 @@ from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
 
 BASE = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
-BOUND = timedelta(minutes=15)
+BOUND, BEFORE = timedelta(minutes=15), timedelta(minutes=2)
 
 
 def at(minutes: float) -> datetime:
@@ -48,6 +49,7 @@ def specs(tmp_path: Path, orders_topic: str, payments_topic: str) -> dict[str, F
             "flow": "shop_payments",
             "event_time": "paid_at",
             "columns": ["payment_id", "paid"],
+            "where": "paid > 0",  # a zero payment is a card check, not a payment
         },
         "within": {"after": "15 minutes"},
     }
@@ -76,7 +78,11 @@ def specs(tmp_path: Path, orders_topic: str, payments_topic: str) -> dict[str, F
                     "allowed_lateness": "5 minutes",
                     "join": {**join, "how": "left_outer"},
                 },
-                {"table": "paid_orders", "allowed_lateness": "5 minutes", "join": join},
+                {
+                    "table": "paid_orders",
+                    "allowed_lateness": "5 minutes",
+                    "join": {**join, "within": {"after": "15 minutes", "before": "2 minutes"}},
+                },
             ],
         },
     )
@@ -136,11 +142,17 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
             payment(104, 4, 22, 40.0),
             {"payment_id": 105, "order_id": 4, "paid": 1.0, "paid_at": None},  # null time
             {"payment_id": 106, "order_id": 4, "paid": 1.0, "paid_at": future},  # wrong clock
+            payment(110, 3, 9, 30.0),  # a minute before order 3: within the inner join's bound
+            payment(111, 1, 4, 0.0),  # left out by the right side's where
         ],
     )  # newest: orders 10:20, payments 10:30 -> watermark min(10:15, 10:25) = 10:15
     # pairs at once; no unmatched order yet: 10:05 + 15 minutes is not below the watermark
-    assert read_join(inner_path) == [(1, 10.0, 101, 10.0), (4, 40.0, 104, 40.0)]
-    assert read_join(outer_path) == read_join(inner_path)
+    assert read_join(inner_path) == [
+        (1, 10.0, 101, 10.0),
+        (3, 30.0, 110, 30.0),
+        (4, 40.0, 104, 40.0),
+    ]
+    assert read_join(outer_path) == [(1, 10.0, 101, 10.0), (4, 40.0, 104, 40.0)]
 
     second = run(
         [order(5, 40, 50.0), order(6, 8, 60.0)],  # order 6 at 10:08 <= 10:15: late
@@ -152,8 +164,8 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
     )  # watermark min(10:35, 10:40) = 10:35: orders 2 (10:05) and 3 (10:10) pass their bound
     assert late_rows(spark_settings, "order_payments_late") == [
         ("left", 5),
-        ("right", 5),
         ("right", 7),
+        ("right", 9),
     ]
     assert late_rows(spark_settings, "paid_orders_late") == late_rows(
         spark_settings, "order_payments_late"
@@ -185,8 +197,9 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
         assert splits
         for batch in splits:
             quality = batch.quality or {}
-            assert (
-                quality["rows_in"] == quality["on_time"] + quality["late"] + quality["quarantined"]
+            assert batch.input_rows == quality["rows_in"]
+            assert quality["rows_in"] == sum(
+                quality[part] for part in ("on_time", "late", "quarantined", "filtered")
             )
         joins = [
             b for b in reporter.batches if b.stage in ("gold.order_payments", "gold.paid_orders")
@@ -195,17 +208,21 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
         assert sum(b.state["rows_dropped_by_watermark"] for b in joins if b.state) == 0
 
     # the stream's rows: the plain-Python join of the rows that were on time
-    late_offsets = {("left", 5), ("right", 5), ("right", 7)}
+    assert sum((b.quality or {}).get("filtered", 0) for b in first.batches) == 2  # both splits
+    late_offsets = {("left", 5), ("right", 7), ("right", 9)}
     on_time_orders = [o for i, o in enumerate(orders) if ("left", i) not in late_offsets]
-    valid = [p for p in payments if p["paid_at"] not in (None, future)]
+    valid = [p for p in payments if p["paid_at"] not in (None, future) and p["paid"] > 0]
     on_time_payments = [p for p in valid if ("right", payments.index(p)) not in late_offsets]
-    assert read_join(inner_path) == expected_join(on_time_orders, on_time_payments, BOUND)
+    assert read_join(inner_path) == expected_join(on_time_orders, on_time_payments, BOUND, BEFORE)
     assert read_join(outer_path) == expected_join(
         on_time_orders, on_time_payments, BOUND, outer=True
     )
 
     # the 20th closed under 2026-11-21 00:55: the backfill puts the late rows in
-    for table, outer in (("order_payments", True), ("paid_orders", False)):
+    for table, outer, before in (
+        ("order_payments", True, timedelta(0)),
+        ("paid_orders", False, BEFORE),
+    ):
         result = backfill(
             spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
         )
@@ -218,5 +235,5 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
         path = gold_table_path(spark_settings, table)
         day = [o for o in orders if o["ts"].date() == BASE.date()]
         assert read_join(path, "_event_date = '2026-11-20'") == expected_join(
-            day, valid, BOUND, outer=outer
+            day, valid, BOUND, before, outer=outer
         )

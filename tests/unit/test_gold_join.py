@@ -3,6 +3,7 @@ the late rule and when a date closes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,21 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines.errors import ConfigError
 from pipelines.gold.backfill import BackfillRefusedError, check_closed, closing_time
-from pipelines.gold.joins import LEFT, RIGHT, is_late
+from pipelines.gold.joins import (
+    LEFT,
+    RIGHT,
+    common_watermarks,
+    is_late,
+    refuse_started_readers,
+    side_watermarks,
+)
 from pipelines.gold.watermark import WatermarkLog
-from pipelines.spec import GoldJoinSpec, SpecError, load_specs, parse_spec
+from pipelines.gold.windows import MICROS
+from pipelines.locations import FlowLocations
+from pipelines.settings import load_settings
+from pipelines.spec import GoldJoinSpec, SpecError, join_readers, load_specs, parse_spec
 from tests.unit.test_gold import micros
 
 
@@ -94,6 +106,18 @@ def test_a_join_is_a_gold_table_with_its_columns_and_late_table() -> None:
             "gold.0.join.left.event_time: 'amount' is double; the event time must be a TIMESTAMP",
         ),
         ({"left": {"columns": ["nope"]}}, "gold.0.join.left: 'nope' is not one of the columns"),
+        ({"keys": ["order_id", "order_id"]}, "gold.0.join.keys: 'order_id' is named twice"),
+        (
+            {
+                "right": {
+                    "flow": "payments",
+                    "event_time": "paid_at",
+                    "columns": ["id"],
+                    "prefix": "order_",
+                }
+            },
+            "gold.0.join.right.prefix: 'order_id' ('id' with the prefix) is a key column",
+        ),
     ],
 )
 def test_join_spec_errors_name_the_field(change: dict[str, Any], message: str) -> None:
@@ -126,9 +150,41 @@ def test_the_join_watermark_is_the_least_of_both_sides_once_both_had_rows(
         RIGHT: micros("2026-11-20T10:30:00"),
     }
     assert WatermarkLog(tmp_path, 300, sides=(LEFT, RIGHT)).before(2) == both  # a restart
-    assert is_late(micros("2026-11-20T10:15:00"), both.watermark_micros)
-    assert not is_late(micros("2026-11-20T10:15:00") + 1, both.watermark_micros)
-    assert not is_late(0, None)
+
+
+def test_without_the_join_running_both_sides_are_judged_by_the_least_watermark(
+    tmp_path: Path,
+) -> None:
+    five = 300 * MICROS
+    before = {LEFT: micros("2026-11-20T10:20:00"), RIGHT: micros("2026-11-20T10:30:00")}
+    assert common_watermarks(before, five) == {
+        LEFT: micros("2026-11-20T10:15:00"),
+        RIGHT: micros("2026-11-20T10:15:00"),
+    }
+    assert common_watermarks({LEFT: before[LEFT], RIGHT: None}, five) == {LEFT: 0, RIGHT: 0}
+    # the choice between the two rules is made once per batch: a replay reads it back
+    log = WatermarkLog(tmp_path, 300, sides=(LEFT, RIGHT))
+    assert log.decision(3, lambda: {"join_running": True}) == {"join_running": True}
+    assert log.decision(3, lambda: {"join_running": False}) == {"join_running": True}
+
+
+def test_each_side_is_judged_with_the_other_sides_rows_of_the_batch_counted() -> None:
+    five = 300 * MICROS
+    before = {LEFT: micros("2026-11-20T10:20:00"), RIGHT: micros("2026-11-20T10:30:00")}
+    # the batch's own left rows reach 10:40: the join's right branch may read them a batch
+    # before the left one reads the right rows, so right rows are judged by min(10:40, 10:30)
+    batch = {LEFT: micros("2026-11-20T10:40:00"), RIGHT: micros("2026-11-20T10:25:00")}
+    watermarks = side_watermarks(before, batch, five)
+    assert watermarks == {
+        LEFT: micros("2026-11-20T10:15:00"),  # min(10:20 before, 10:30 with the batch) - 5
+        RIGHT: micros("2026-11-20T10:25:00"),  # min(10:30 before, 10:40 with the batch) - 5
+    }
+    assert is_late(micros("2026-11-20T10:25:00"), watermarks[RIGHT])
+    assert not is_late(micros("2026-11-20T10:25:00") + 1, watermarks[RIGHT])
+    # a side without rows yet: the epoch, where Spark's watermark stands
+    assert side_watermarks({LEFT: before[LEFT]}, {}, five) == {LEFT: 0, RIGHT: 0}
+    assert side_watermarks({}, batch, five) == {LEFT: 0, RIGHT: 0}
+    assert is_late(0, 0) and not is_late(1, 0)
 
 
 def test_a_join_date_closes_when_the_watermark_passes_it_plus_the_bound() -> None:
@@ -138,3 +194,19 @@ def test_a_join_date_closes_when_the_watermark_passes_it_plus_the_bound() -> Non
     check_closed(day, day, gold, micros("2026-11-21T00:15:00"), "orders")
     with pytest.raises(BackfillRefusedError, match="final when the watermark passes"):
         check_closed(day, day, gold, micros("2026-11-21T00:14:59"), "orders")
+
+
+def test_a_reset_of_events_a_started_join_reads_is_refused(tmp_path: Path) -> None:
+    specs = {s.name: s for s in load_specs(folder(tmp_path / "flows", orders(), PAYMENTS))}
+    settings = replace(load_settings(), runtime_dir=tmp_path / "runtime")
+    assert [(r.name, g.table) for r, g in join_readers(specs["payments"])] == [
+        ("orders", "order_payments")
+    ]
+    refuse_started_readers(specs["payments"], settings, "reset")  # the join never ran: fine
+    split = FlowLocations.of(specs["orders"], settings).stage_checkpoint(
+        "gold.order_payments.split"
+    )
+    (split / "offsets").mkdir(parents=True)
+    (split / "offsets" / "0").write_text("v1\n{}\n")
+    with pytest.raises(ConfigError, match="conflux reset orders --stage gold"):
+        refuse_started_readers(specs["payments"], settings, "reset")
