@@ -131,6 +131,9 @@ class FlowPipeline:
     def start(self, head: Stage, spark: SparkSession, trigger_mode: str | None) -> StreamingQuery:
         """Start the query of ``head`` (a stage with its own query) and the stages fused into it."""
         fused = self.fused_after(head)
+        mode = trigger_mode or self.spec.trigger.mode
+        if isinstance(head, JoinSplitStage):  # its join query starts in the same phase
+            head.beside_join = mode != "available_now"
 
         def write(batch: DataFrame, batch_id: int) -> None:
             if not fused:
@@ -153,7 +156,7 @@ class FlowPipeline:
             .outputMode(head.output_mode)
             .foreachBatch(write)
         )
-        if (trigger_mode or self.spec.trigger.mode) == "available_now":
+        if mode == "available_now":
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=self.spec.trigger.interval)

@@ -335,7 +335,8 @@ def run_flows(
 
 def readers_last(pipelines: Sequence[FlowPipeline]) -> list[FlowPipeline]:
     """The pipelines in an order where a flow comes after the flows whose events it reads (they
-    create their events tables when they prepare); a cycle keeps the given order."""
+    create their events tables when they prepare); flows that read each other (a cycle) come in
+    the order the walk meets them, which prepares one before the other has its table."""
     by_name = {p.spec.name: p for p in pipelines}
     ordered: list[FlowPipeline] = []
     visiting: set[str] = set()

@@ -1777,18 +1777,19 @@ def join_input(
     if name == spec.name:
         return spec
     where = f"{spec.spec_file}: {field}.join.right.flow"
+    known: list[str] = sorted(flows or ())
     if flows is None:
         flows = {}
         for path, data in _specs_beside(spec):
             if data.get("name") == name:
                 flows[name] = parse_spec(data, where=str(path))
             elif isinstance(data.get("name"), str):
-                flows[data["name"]] = spec  # a name only, for the error below
+                known.append(data["name"])
     other = flows.get(name)
     if other is None:
         raise SpecError(
             f"{where}: no flow named {name!r} among the specs beside it "
-            f"({', '.join(sorted(flows)) or 'none'}); name one of them"
+            f"({', '.join(sorted(known)) or 'none'}); name one of them"
         )
     try:
         other.check_event_columns(
@@ -1816,15 +1817,25 @@ def _specs_beside(spec: FlowSpec) -> Iterable[tuple[Path, dict[str, Any]]]:
 
 def join_readers(spec: FlowSpec) -> list[tuple[FlowSpec, GoldJoinSpec]]:
     """The gold joins of other flows beside ``spec`` that read its silver events (as their right
-    side): a reset or refresh of its silver events breaks their streams."""
+    side): a reset or refresh of its silver events breaks their streams.
+
+    Raises:
+        SpecError: a spec beside it names this flow in a join but does not validate (so whether
+            its join has streamed cannot be told).
+    """
     readers = []
     for path, data in _specs_beside(spec):
-        if data.get("name") == spec.name or "join" not in str(data.get("gold")):
+        golds = data.get("gold")
+        named = isinstance(golds, list) and any(
+            isinstance(g, dict)
+            and isinstance(g.get("join"), dict)
+            and isinstance(g["join"].get("right"), dict)
+            and g["join"]["right"].get("flow") == spec.name
+            for g in golds
+        )
+        if not named or data.get("name") == spec.name:
             continue
-        try:
-            other = parse_spec(data, where=str(path))
-        except SpecError:
-            continue
+        other = parse_spec(data, where=str(path))  # a SpecError names the file and the field
         readers += [
             (other, gold)
             for gold in other.gold

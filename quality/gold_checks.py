@@ -10,8 +10,10 @@ On each gold asset (see :mod:`pipelines.stages.gold`):
   the late-data table, so this is a to-do, not a loss: a backfill of their dates reconciles them;
   its metadata names the watermark and the count;
 * ``watermark_drops`` (ERROR): Spark's stateful query dropped no row by its watermark, which is
-  what Conflux's split guarantees (its watermark is never below Spark's). A failure would mean
-  rows reached neither gold nor the late table.
+  what Conflux's split guarantees (its watermark is never below Spark's; for a join running
+  beside its split, within the margin :mod:`pipelines.gold.joins` describes). A failure would
+  mean rows reached neither gold nor the late table (they stay in the input table, and a
+  backfill of their dates recomputes them from the events).
 
 Like :class:`quality.checks.StreamChecks`, the run's totals are logged as evaluations while the
 run goes on and yielded as results once at its end.
@@ -46,7 +48,8 @@ def gold_check_specs(gold: AnyGold, key: AssetKey) -> list[AssetCheckSpec]:
             name=ROWS_ACCOUNTED,
             asset=key,
             description="Every row each split batch read went on time to gold's input, late to "
-            f"{gold.late.table}, or to the quarantine, as Spark's and Delta's own counts show.",
+            f"{gold.late.table}, or to the quarantine (or was left out by a join side's where), "
+            "as Spark's and Delta's own counts show.",
         ),
         AssetCheckSpec(
             name=LATE_ROWS,

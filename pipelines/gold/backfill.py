@@ -351,8 +351,8 @@ def _record(
     ).persist()
     try:
         count = record.count()
-        if count:
-            record.write.format("delta").mode("append").save(
+        if count:  # mergeSchema: a record written before late rows of joins kept their side
+            record.write.format("delta").mode("append").option("mergeSchema", "true").save(
                 str(gold_backfills_path(Path(gold_path)))
             )
         return count
@@ -368,6 +368,7 @@ def unreconciled(spark: SparkSession, spec: FlowSpec, settings: Settings, table:
     record = gold_backfills_path(paths[f"gold/{gold.table}"])
     if not DeltaTable.isDeltaTable(spark, str(record)):
         return late
-    row_id = list(late_row_id(gold))
-    covered = spark.read.format("delta").load(str(record)).select(*row_id).distinct()
+    done = spark.read.format("delta").load(str(record))
+    row_id = [c for c in late_row_id(gold) if c in done.columns]
+    covered = done.select(*row_id).distinct()
     return late.join(covered, row_id, "left_anti")

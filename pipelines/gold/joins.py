@@ -13,14 +13,16 @@ batch before), counting it in ``numRowsDroppedByWatermark`` (measured on Spark 4
 Spark watermark is ``max(event time of the side's rows the join has read) - allowed_lateness``.
 The split judges a row of split batch ``m`` by Conflux's watermark ``W = min over both sides of
 (the side's max of batches < m) - allowed_lateness`` (the epoch until both sides had a row),
-which is exactly the join's watermark when the join reads split batches in order: so the late
-rows are exactly the rows the join would drop. That holds when the join does not plan while the
-split commits (an ``available_now`` run: the join starts once the split has ended).
+which is the join's watermark when each join batch reads one split commit (a join batch that
+reads several judges them by an older watermark, and Spark keeps milliseconds: both only make
+Spark drop fewer): so the late rows are the rows the join would drop (the ``gold_join``
+benchmark checks captured = dropped). That holds when the join does not plan while the split
+commits (an ``available_now`` run: the join starts once the split has ended).
 
 When both queries run at once, one more case: Spark plans the self-join of the input table as
 two sources of one table, each taking its own end version, so one branch can read a split commit
 one batch before the other and push its side's watermark ahead by that commit's rows. A split
-batch that starts while the join query runs therefore judges a row of side T by
+batch of a run where the join query runs beside it therefore judges a row of side T by
 ``min(T's max of batches < m, the other side's max of batches <= m) - allowed_lateness``
 (:func:`side_watermarks`), never below the join's watermark even then; the price is that rows
 just above ``W`` may be captured although the join would still have taken them (a backfill puts
@@ -117,7 +119,7 @@ def common_watermarks(before: Mapping[str, int | None], lateness_micros: int) ->
 
 def is_late(event_micros: int, watermark_micros: int) -> bool:
     """Plain Python: a row of either side is late when its event time is not above the watermark
-    its side is judged by (:func:`side_watermarks`)."""
+    its side is judged by (:func:`common_watermarks` or :func:`side_watermarks`)."""
     return event_micros <= watermark_micros
 
 

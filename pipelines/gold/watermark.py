@@ -11,7 +11,9 @@ again: the split is deterministic, and the watermark survives restarts with the 
 
 Spark's own watermark in the stateful query is ``max(event time it has seen) - allowed_lateness``
 over the on-time rows only, which the split query has all seen in earlier batches: it is never
-above Conflux's. So every row Spark would drop as late was split off first.
+above Conflux's. So every row Spark would drop as late was split off first. (A join's stateful
+query reads its input through two sources, which can be one split commit apart when both
+queries run at once: :mod:`pipelines.gold.joins` says how the split keeps a margin for that.)
 """
 
 from __future__ import annotations

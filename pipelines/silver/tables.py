@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructField, StructType
 
 from pipelines.errors import ConfigError
+from pipelines.gold.joins import refuse_started_readers
 from pipelines.identity import (
     FLOW_ID_PROPERTY,
     FLOW_PROPERTY,
@@ -301,8 +302,6 @@ def reset_silver(
     """
     if stage == "silver":
         require_own_silver_query(spec, "reset")
-        from pipelines.gold.joins import refuse_started_readers  # gold imports this module
-
         refuse_started_readers(spec, settings, "reset")
     elif not spec.gold:
         raise ConfigError(f"{spec.spec_file}: flow {spec.name} has no gold stage to reset")

@@ -19,8 +19,8 @@ Each gold table of a spec runs as two streaming queries, one after the other in 
    (partitioned by the window start's date) under its transaction id, so open windows are
    visible at once and a replay changes nothing.
 
-Conflux's watermark is never below Spark's (Spark's sees only rows the split already saw), so
-Spark never drops a row the split let through: what Spark would drop is in the late-data table,
+Conflux's watermark is never below Spark's (Spark's sees only rows the split already saw; for
+joins, see :mod:`pipelines.gold.joins`), so Spark never drops a row the split let through: what Spark would drop is in the late-data table,
 and a backfill (:mod:`pipelines.gold.backfill`) of its dates puts it into gold. The input table's
 versions are read whole (``maxFilesPerTrigger`` far above a split batch's files), so a stateful
 batch never advances Spark's watermark past rows of a split batch it has not read yet.

@@ -95,6 +95,9 @@ class JoinSplitStage(_JoinInput, SplitStage):
     """The split query of a gold join (see the module doc)."""
 
     sides = (LEFT, RIGHT)
+    #: Whether the join query runs at the same time as this one (a continuous run starts both
+    #: together; set by :meth:`pipelines.flow.FlowPipeline.start`).
+    beside_join = False
 
     def _join_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
         return SplitStage._own_tables(self)
@@ -105,6 +108,9 @@ class JoinSplitStage(_JoinInput, SplitStage):
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
         """Both sides' events, whole versions per batch, as input rows."""
+        # the application's session, whose query manager lists the join query (a micro-batch's
+        # DataFrame has a cloned session of its own)
+        self.session = spark
         left = side_rows(
             whole_versions(spark, self.events_path), self.gold, LEFT, self.schema, mark=True
         )
@@ -135,7 +141,8 @@ class JoinSplitStage(_JoinInput, SplitStage):
         decision = self.watermarks.decision(
             batch_id,
             lambda: {
-                "join_running": any(q.name == join_query for q in rows.sparkSession.streams.active)
+                "join_running": self.beside_join
+                or any(q.name == join_query for q in self.session.streams.active)
             },
         )
         if decision["join_running"]:
@@ -153,9 +160,11 @@ class JoinSplitStage(_JoinInput, SplitStage):
 
     def _batch_maxima(self, rows: DataFrame) -> dict[str, int | None]:
         """The greatest event time of each side among the batch's rows the split judges."""
-        judged = ~F.col("_gold_filtered") & ~future_condition(
+        future = future_condition(
             F.col("_event_time"), F.col("_ingested_at"), self.gold.max_future_skew
         )
+        # as row_class judges them: not filtered, a time, not in the future (unknown: not)
+        judged = ~F.col("_gold_filtered") & ~F.coalesce(future, F.lit(False))
         maxima = rows.agg(
             *(
                 F.max(
