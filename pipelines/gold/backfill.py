@@ -30,7 +30,6 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from pipelines.delta_writes import retry_on_maintenance, table_properties
 from pipelines.errors import ConfigError
@@ -38,6 +37,7 @@ from pipelines.gold.joins import (
     LEFT,
     RIGHT,
     covered_condition,
+    input_schema,
     join_rows,
     right_time_range,
     side_of,
@@ -57,7 +57,6 @@ from pipelines.locations import FlowLocations, gold_backfills_path, table_paths
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
 from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, GoldSpec, duration_seconds, join_input
-from pipelines.stages.gold import COORDINATES
 
 #: What identifies a late row (its event's place in the source).
 LATE_ROW_ID = ("_source_topic", "_source_partition", "_source_offset")
@@ -191,17 +190,7 @@ def recompute_join(
     start = datetime(first.year, first.month, first.day, tzinfo=UTC)
     end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
     bounds = {LEFT: (start, end), RIGHT: right_time_range(gold, first, last)}
-    schema = StructType(
-        [
-            StructField("_side", StringType()),
-            StructField("_event_time", TimestampType()),
-            *(
-                StructField(f"_{side}", events[side].select(*gold.side_columns(side)).schema)
-                for side in (LEFT, RIGHT)
-            ),
-            *(events[LEFT].schema[c] for c in COORDINATES),
-        ]
-    )
+    schema = input_schema(gold, {side: frame.schema for side, frame in events.items()})
     sides = []
     for side in (LEFT, RIGHT):
         low, high = bounds[side]

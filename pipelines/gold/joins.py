@@ -43,9 +43,10 @@ from datetime import UTC, date, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from pipelines.errors import ConfigError
+from pipelines.gold import COORDINATES
 from pipelines.identity import checkpoint_has_offsets
 from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
@@ -59,6 +60,23 @@ _RIGHT_KEY = "_right_key_"
 
 def side_of(gold: GoldJoinSpec, side: str) -> JoinSide:
     return gold.join.left if side == LEFT else gold.join.right
+
+
+def input_schema(gold: GoldJoinSpec, events: Mapping[str, StructType]) -> StructType:
+    """The input table's columns, from both sides' events schemas: ``_side``, ``_event_time``,
+    each side's columns in its struct, then the row's coordinates (the left side's types)."""
+    return StructType(
+        [
+            StructField("_side", StringType()),
+            StructField("_event_time", TimestampType()),
+            *(
+                StructField(f"_{side}", StructType([events[side][c] for c in columns]))
+                for side in (LEFT, RIGHT)
+                for columns in [gold.side_columns(side)]
+            ),
+            *(events[LEFT][c] for c in COORDINATES),
+        ]
+    )
 
 
 def side_rows(

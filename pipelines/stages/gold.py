@@ -47,6 +47,7 @@ from pipelines.delta_writes import (
     retry_on_maintenance,
 )
 from pipelines.errors import ConfigError
+from pipelines.gold import COORDINATES
 from pipelines.gold.watermark import (
     EVENTS,
     WatermarkLog,
@@ -87,8 +88,6 @@ from pipelines.silver.parse import ddl_struct
 from pipelines.silver.tables import TableDesign, ensure_table
 from pipelines.spec import AnyGold, FlowSpec, GoldSpec, duration_seconds
 
-#: Columns of the silver events every input (and late) row keeps: where it came from.
-COORDINATES = ("_source_topic", "_source_partition", "_source_offset", "_batch_id", "_ingested_at")
 #: Far above the files one split batch writes: a stateful batch reads whole input versions.
 WHOLE_VERSIONS = "1000000"
 

@@ -9,8 +9,8 @@ A gold table with ``join:`` runs as two streaming queries, like windowed aggrega
    (:mod:`pipelines.gold.joins`): quarantined (null or future event time), late (to the late-data
    table, with its side and the watermark at arrival) or on time (to the input table, one table
    for both sides).
-2. **the join** (:class:`JoinStage`) reads the input table as one Delta stream (whole versions),
-   joins its left rows with its right rows on the keys within the time bound, with Spark's
+2. **the join** (:class:`JoinStage`) reads the input table as a Delta stream (whole versions;
+   Spark plans the self-join as two sources of it), joins its left rows with its right rows on the keys within the time bound, with Spark's
    watermark on both sides (RocksDB state), and appends the joined rows to the gold table
    (partitioned by the left row's event date) under the batch's transaction id.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import StructType
 
 from pipelines.delta_writes import TableWrite, append_idempotently
 from pipelines.errors import ConfigError
@@ -29,6 +29,7 @@ from pipelines.gold.joins import (
     LEFT,
     RIGHT,
     common_watermarks,
+    input_schema,
     join_rows,
     side_of,
     side_rows,
@@ -39,7 +40,7 @@ from pipelines.gold.windows import future_condition
 from pipelines.locations import table_paths
 from pipelines.progress import BatchCommit
 from pipelines.spec import GoldJoinSpec, duration_seconds, join_input
-from pipelines.stages.gold import COORDINATES, SplitStage, _GoldBase, whole_versions
+from pipelines.stages.gold import SplitStage, _GoldBase, whole_versions
 
 
 class _JoinInput(_GoldBase):
@@ -77,18 +78,7 @@ class _JoinInput(_GoldBase):
                     f"{types[LEFT]} on the left and {types[RIGHT]} on the right; keys must have "
                     "one type (cast one side in its flow's silver schema)"
                 )
-        return StructType(
-            [
-                StructField("_side", StringType()),
-                StructField("_event_time", TimestampType()),
-                *(
-                    StructField(f"_{side}", StructType([events[side][c] for c in columns]))
-                    for side in (LEFT, RIGHT)
-                    for columns in [gold.side_columns(side)]
-                ),
-                *(events[LEFT][c] for c in COORDINATES),
-            ]
-        )
+        return input_schema(gold, events)
 
 
 class JoinSplitStage(_JoinInput, SplitStage):
