@@ -42,25 +42,39 @@ def at(minutes: float) -> datetime:
     return BASE + timedelta(minutes=minutes)
 
 
-def specs(tmp_path: Path, orders_topic: str, payments_topic: str) -> dict[str, FlowSpec]:
-    folder = tmp_path / "flows"
-    join = {
+def payment_join(prefix: str, after: str, **right: str) -> dict[str, Any]:
+    """A join of the orders with the payments of flow ``<prefix>_payments`` on ``order_id``,
+    a payment up to ``after`` after its order."""
+    return {
         "keys": ["order_id"],
         "left": {"event_time": "ts", "columns": ["amount"]},
         "right": {
-            "flow": "shop_payments",
+            "flow": f"{prefix}_payments",
             "event_time": "paid_at",
             "columns": ["payment_id", "paid"],
-            "where": "paid > 0",  # a zero payment is a card check, not a payment
+            **right,
         },
-        "within": {"after": "15 minutes"},
+        "within": {"after": after},
     }
+
+
+def join_flows(
+    folder: Path,
+    prefix: str,
+    topics: dict[str, str],
+    golds: list[dict[str, Any]],
+    trigger: dict[str, str] | None = None,
+) -> dict[str, FlowSpec]:
+    """Flows ``<prefix>_payments`` and ``<prefix>_orders`` (with the gold tables ``golds``) from
+    the topics ``topics["payments"]`` and ``topics["orders"]``, written to ``folder``."""
+    timing = {"trigger": trigger} if trigger else {}
     write_spec(
         folder,
         {
-            "name": "shop_payments",
-            "source": {"kind": "kafka", "topics": [payments_topic]},
-            "target": {"table": "bronze_shop_payments"},
+            "name": f"{prefix}_payments",
+            "source": {"kind": "kafka", "topics": [topics["payments"]]},
+            "target": {"table": f"bronze_{prefix}_payments"},
+            **timing,
             "silver": {
                 "format": "json",
                 "schema": "payment_id BIGINT, order_id BIGINT, paid DOUBLE, paid_at TIMESTAMP",
@@ -70,25 +84,34 @@ def specs(tmp_path: Path, orders_topic: str, payments_topic: str) -> dict[str, F
     write_spec(
         folder,
         {
-            "name": "shop_orders",
-            "source": {"kind": "kafka", "topics": [orders_topic]},
-            "target": {"table": "bronze_shop_orders"},
+            "name": f"{prefix}_orders",
+            "source": {"kind": "kafka", "topics": [topics["orders"]]},
+            "target": {"table": f"bronze_{prefix}_orders"},
+            **timing,
             "silver": {"format": "json", "schema": "order_id BIGINT, amount DOUBLE, ts TIMESTAMP"},
-            "gold": [
-                {
-                    "table": "order_payments",
-                    "allowed_lateness": "5 minutes",
-                    "join": {**join, "how": "left_outer"},
-                },
-                {
-                    "table": "paid_orders",
-                    "allowed_lateness": "5 minutes",
-                    "join": {**join, "within": {"after": "15 minutes", "before": "2 minutes"}},
-                },
-            ],
+            "gold": golds,
         },
     )
     return {spec.name: spec for spec in load_specs(folder)}
+
+
+def specs(tmp_path: Path, orders_topic: str, payments_topic: str) -> dict[str, FlowSpec]:
+    # a zero payment is a card check, not a payment
+    join = payment_join("shop", "15 minutes", where="paid > 0")
+    golds = [
+        {
+            "table": "order_payments",
+            "allowed_lateness": "5 minutes",
+            "join": {**join, "how": "left_outer"},
+        },
+        {
+            "table": "paid_orders",
+            "allowed_lateness": "5 minutes",
+            "join": {**join, "within": {"after": "15 minutes", "before": "2 minutes"}},
+        },
+    ]
+    topics = {"orders": orders_topic, "payments": payments_topic}
+    return join_flows(tmp_path / "flows", "shop", topics, golds)
 
 
 def send(broker: KafkaBroker, topic: str, rows: list[dict[str, Any]]) -> None:
@@ -250,48 +273,13 @@ def test_a_continuous_join_beside_its_split_drops_nothing_the_split_let_through(
     topics = {"orders": "join_live_orders", "payments": "join_live_payments"}
     for topic in topics.values():
         create_topic(kafka_broker.bootstrap_servers, topic, partitions=1)
-    folder = tmp_path / "live"
+    gold = {
+        "table": "live_paid_orders",
+        "allowed_lateness": "1 minute",
+        "join": payment_join("live", "2 minutes"),
+    }
     continuous = {"mode": "continuous", "interval": "1 second"}
-    write_spec(
-        folder,
-        {
-            "name": "live_payments",
-            "source": {"kind": "kafka", "topics": [topics["payments"]]},
-            "target": {"table": "bronze_live_payments"},
-            "trigger": continuous,
-            "silver": {
-                "format": "json",
-                "schema": "payment_id BIGINT, order_id BIGINT, paid DOUBLE, paid_at TIMESTAMP",
-            },
-        },
-    )
-    write_spec(
-        folder,
-        {
-            "name": "live_orders",
-            "source": {"kind": "kafka", "topics": [topics["orders"]]},
-            "target": {"table": "bronze_live_orders"},
-            "trigger": continuous,
-            "silver": {"format": "json", "schema": "order_id BIGINT, amount DOUBLE, ts TIMESTAMP"},
-            "gold": [
-                {
-                    "table": "live_paid_orders",
-                    "allowed_lateness": "1 minute",
-                    "join": {
-                        "keys": ["order_id"],
-                        "left": {"event_time": "ts", "columns": ["amount"]},
-                        "right": {
-                            "flow": "live_payments",
-                            "event_time": "paid_at",
-                            "columns": ["payment_id", "paid"],
-                        },
-                        "within": {"after": "2 minutes"},
-                    },
-                }
-            ],
-        },
-    )
-    specs = load_specs(folder)
+    specs = list(join_flows(tmp_path / "live", "live", topics, [gold], continuous).values())
     orders: list[dict[str, Any]] = []
     payments: list[dict[str, Any]] = []
     reporter = RecordingReporter()
