@@ -10,7 +10,7 @@ RUNTIME := .runtime
 export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: help setup jars dagster-home broker-start broker-stop broker-status demo ui test test-unit \
+.PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status demo ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench clean
 
 help: ## List every target
@@ -24,11 +24,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-setup: $(STAMP) jars dagster-home ## Create the venv, install Python deps, fetch the pinned jars once
+setup: $(STAMP) jars dagster-home browser ## Create the venv, install Python deps, fetch the pinned jars once
 	@echo "setup done: runtime folder $(RUNTIME)/, Dagster home $(DAGSTER_HOME)"
 
 jars: $(STAMP) ## Fetch the pinned JVM jars from Maven Central (skipped when up to date)
 	$(PY) platform/jvm/fetch_jars.py
+
+browser: ## Install Debian's chromium for the browser tests (once; as root or with sudo)
+	@command -v chromium >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+	else echo "warning: no chromium and no root: install Debian's chromium package for the UI tests"; exit 0; fi; \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null \
+		|| echo "warning: could not install chromium: the UI tests will fail until it is installed"
 
 dagster-home: ## Create the Dagster instance folder from platform/dagster/dagster.yaml
 	@mkdir -p $(DAGSTER_HOME)
@@ -54,6 +61,7 @@ demo: broker-start ## Run the demo: events to Kafka + files, through bronze, sil
 		--select backfill/revenue_10m,backfill/order_payments \
 		--partition $$($(PY) platform/demo/produce_sample.py --late-day)
 	$(PY) platform/demo/show_tables.py
+	@echo; $(PY) platform/demo/show_orchestration.py
 	@echo; echo "== conflux flows"; $(VENV)/bin/conflux flows
 	@echo; echo "== conflux status orders"; $(VENV)/bin/conflux status orders
 	@echo; echo "Open the UI with: make ui   (then http://127.0.0.1:3000)"

@@ -20,17 +20,39 @@ from dagster import (
     AssetKey,
     AssetObservation,
     AssetsDefinition,
+    AssetSelection,
     BackfillPolicy,
     DailyPartitionsDefinition,
+    DefaultScheduleStatus,
     Failure,
     MaterializeResult,
     MetadataValue,
+    RunRequest,
+    ScheduleDefinition,
+    ScheduleEvaluationContext,
+    SkipReason,
     asset,
+    define_asset_job,
+    schedule,
 )
-from dagster_pyspark import PySparkResource
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,
+)
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+)
+from dagster_pyspark import LazyPySparkResource
 
+from assets.flows import flow_group, flow_tags
 from assets.keys import flow_table_keys, gold_input_keys
-from pipelines.gold.backfill import BackfillRefusedError, backfill
+from pipelines.gold.backfill import (
+    BackfillRefusedError,
+    backfill,
+    closed_dates,
+    refuse_open_dates,
+)
+from pipelines.job_progress import JobProgress
 from pipelines.settings import Settings
 from pipelines.spec import AnyGold, FlowSpec
 
@@ -56,18 +78,25 @@ def backfill_asset(spec: FlowSpec, gold: AnyGold, settings: Settings) -> AssetsD
         deps=[*gold_input_keys(spec, gold), gold_key, late_key],
         partitions_def=DailyPartitionsDefinition(start_date=gold.partitions_start.isoformat()),
         backfill_policy=BackfillPolicy.single_run(),
-        group_name="gold",
         kinds={"spark", "delta"},
+        group_name=flow_group(spec),
+        owners=list(spec.owners),
+        tags={**flow_tags(spec, "gold"), "conflux/kind": "backfill"},
         pool=backfill_pool(spec),
         description=f"Backfills of gold {gold.table} (flow {spec.name}): each event date "
         "recomputed from the silver events, late rows included; closed dates only.",
         metadata={"flow": spec.name, "gold_table": gold.table, "spec_file": spec.spec_file},
     )
-    def _backfill(context: AssetExecutionContext, pyspark: PySparkResource) -> MaterializeResult:
+    def _backfill(
+        context: AssetExecutionContext, pyspark: LazyPySparkResource
+    ) -> MaterializeResult:
         keys_range = context.partition_key_range
         first, last = _date(keys_range.start), _date(keys_range.end)
         try:
-            result = backfill(pyspark.spark_session, spec, settings, gold.table, first, last)
+            refuse_open_dates(spec, settings, gold.table, first, last)  # before Spark starts
+            spark = pyspark.spark_session
+            with JobProgress(spark, f"backfill {gold.table} {first}..{last}", context.log.info, 10):
+                result = backfill(spark, spec, settings, gold.table, first, last)
         except BackfillRefusedError as exc:
             raise Failure(str(exc)) from exc
         metadata: dict[str, Any] = {
@@ -91,3 +120,55 @@ def backfill_asset(spec: FlowSpec, gold: AnyGold, settings: Settings) -> AssetsD
         return MaterializeResult(metadata=metadata)
 
     return _backfill
+
+
+def backfill_job(gold: AnyGold) -> UnresolvedAssetJobDefinition:
+    """``backfill_<table>``: the job of the backfill asset (what its schedule launches)."""
+    return define_asset_job(
+        f"backfill_{gold.table}",
+        selection=AssetSelection.assets(backfill_key(gold)),
+        description=f"Backfill event dates of gold {gold.table} (one run per date range).",
+    )
+
+
+def backfill_schedule(
+    spec: FlowSpec, gold: AnyGold, settings: Settings, job: UnresolvedAssetJobDefinition
+) -> ScheduleDefinition | None:
+    """The spec's ``backfill.schedule``: one run over the last ``backfill.dates`` closed dates.
+
+    The dates are read from the stream's watermark when the schedule ticks (no Spark), so the
+    run never asks for a date the stream can still change; a tick before any date closed skips.
+    The run key makes a re-evaluated tick launch nothing twice.
+    """
+    scheduled = gold.backfill
+    if scheduled is None:
+        return None
+
+    @schedule(
+        name=f"backfill_{gold.table}_schedule",
+        job=job,
+        cron_schedule=scheduled.schedule.strip(),
+        execution_timezone="UTC",
+        default_status=DefaultScheduleStatus.RUNNING,  # declared in the spec: wanted
+        description=f"gold {gold.table} backfill.schedule of {spec.spec_file}: the last "
+        f"{scheduled.dates} closed event date(s), {scheduled.schedule.strip()} (UTC)",
+    )
+    def _scheduled(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        dates = closed_dates(spec, settings, gold.table, scheduled.dates)
+        if dates is None:
+            return SkipReason(
+                f"gold {gold.table}: no event date is closed yet (the stream has not passed "
+                "the end of any date plus its closing delay)"
+            )
+        first, last = (d.isoformat() for d in dates)
+        tick = context.scheduled_execution_time
+        return RunRequest(
+            run_key=f"{first}..{last}@{tick.isoformat() if tick else 'now'}",
+            tags={
+                ASSET_PARTITION_RANGE_START_TAG: first,
+                ASSET_PARTITION_RANGE_END_TAG: last,
+                "conflux/kind": "scheduled_backfill",
+            },
+        )
+
+    return _scheduled

@@ -10,10 +10,22 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asset_job
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    AssetSpec,
+    DefaultScheduleStatus,
+    Definitions,
+    ScheduleDefinition,
+    define_asset_job,
+)
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,
+)
 
-from assets.backfills import backfill_asset
+from assets.backfills import backfill_asset, backfill_job, backfill_schedule
 from assets.flows import flow_assets, source_specs
+from assets.health import health_check, stream_health_sensor
 from assets.keys import flow_asset_keys, flow_table_keys
 from assets.maintenance import maintenance_job, maintenance_schedule
 from assets.resources import SparkSubmitResource, pyspark_resource
@@ -38,6 +50,19 @@ def select_flows(specs: list[FlowSpec], names: Sequence[str] | None, where: Path
     return [spec for spec in specs if spec.name in set(names)]
 
 
+def flow_schedule(spec: FlowSpec, job: UnresolvedAssetJobDefinition) -> ScheduleDefinition:
+    """``run_<flow>_schedule``: the spec's ``trigger.schedule`` (cron, UTC) of its run job."""
+    cron = (spec.trigger.schedule or "").strip()
+    return ScheduleDefinition(
+        name=f"run_{spec.name}_schedule",
+        job=job,
+        cron_schedule=cron,
+        execution_timezone="UTC",
+        default_status=DefaultScheduleStatus.RUNNING,  # declared in the spec: wanted
+        description=f"trigger.schedule of {spec.spec_file}: an available_now run, {cron} (UTC)",
+    )
+
+
 def build_definitions(
     flows_dir: Path | None = None, flows: Sequence[str] | None = None
 ) -> Definitions:
@@ -51,21 +76,25 @@ def build_definitions(
         settings = replace(settings, flows_dir=flows_dir)
     specs = select_flows(load_specs(settings.flows_dir), flows, settings.flows_dir)
     check_distinct_tables(specs, settings)
-    sources = {s.key: s for spec in specs for s in source_specs(spec)}
+    sources: dict[AssetKey, AssetSpec] = {}
+    for spec in specs:  # a topic several flows read belongs to the first of them
+        for source in source_specs(spec):
+            sources.setdefault(source.key, source)
     incremental = [
         key
         for spec in specs
         if spec.trigger.mode == "available_now"
         for key in flow_asset_keys(spec)
     ]
-    jobs = [
-        define_asset_job(
+    jobs = {
+        spec.name: define_asset_job(
             f"run_{spec.name}",
             selection=AssetSelection.assets(*flow_asset_keys(spec)),
             description=f"Run flow {spec.name} ({spec.trigger.mode}).",
         )
         for spec in specs
-    ]
+    }
+    continuous = [spec for spec in specs if spec.trigger.mode == "continuous"]
     maintenance = {spec.name: maintenance_job(spec, settings) for spec in specs}
     maintenance_schedules = [
         schedule
@@ -82,22 +111,30 @@ def build_definitions(
         for spec in specs
         for check in suite_checks(spec, flow_table_keys(spec), table_paths(spec, settings))
     ]
+    backfill_jobs = {gold.table: backfill_job(gold) for spec in specs for gold in spec.gold}
+    backfill_schedules = [
+        schedule
+        for spec in specs
+        for gold in spec.gold
+        if (schedule := backfill_schedule(spec, gold, settings, backfill_jobs[gold.table]))
+        is not None
+    ]
     return Definitions(
         assets=[
             *sources.values(),
             *(flow_assets(spec, settings) for spec in specs),
             *(backfill_asset(spec, gold, settings) for spec in specs for gold in spec.gold),
         ],
-        asset_checks=checks,
-        jobs=[*jobs, ingest_job, *maintenance.values()],
+        asset_checks=[*checks, *(health_check(spec, settings) for spec in continuous)],
+        jobs=[*jobs.values(), ingest_job, *maintenance.values(), *backfill_jobs.values()],
         schedules=[
-            ScheduleDefinition(
-                name="ingest_incremental_every_15_minutes",
-                job=ingest_job,
-                cron_schedule="*/15 * * * *",
-            ),
+            *(flow_schedule(spec, jobs[spec.name]) for spec in specs if spec.trigger.schedule),
             *maintenance_schedules,
+            *backfill_schedules,
         ],
-        sensors=[dead_run_worker_sensor(specs, settings)],
+        sensors=[
+            dead_run_worker_sensor(specs, settings),
+            stream_health_sensor(continuous, settings),
+        ],
         resources={"spark_submit": SparkSubmitResource(), "pyspark": pyspark_resource()},
     )

@@ -18,9 +18,11 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     AssetSpec,
+    Backoff,
     Config,
     Failure,
     PipesExecutionResult,
+    RetryPolicy,
     multi_asset,
 )
 from pydantic import Field
@@ -37,6 +39,7 @@ from pipelines.spec import (
     GoldJoinSpec,
     GoldSpec,
     KafkaSource,
+    duration_seconds,
 )
 from quality.checks import stream_check_specs
 from quality.gold_checks import gold_check_specs
@@ -54,6 +57,27 @@ class FlowRunConfig(Config):
     )
 
 
+def flow_group(spec: FlowSpec) -> str:
+    """The asset group of the flow's tables and sources: its domain (default: its name)."""
+    return spec.domain or spec.name
+
+
+def flow_tags(spec: FlowSpec, layer: str) -> dict[str, str]:
+    """Tags of a flow's asset: the spec's own, its layer, its flow and its trigger mode."""
+    return {
+        **spec.tags,
+        "conflux/layer": layer,
+        "conflux/flow": spec.name,
+        "conflux/trigger": spec.trigger.mode,
+    }
+
+
+def ownership(spec: FlowSpec, layer: str) -> dict[str, Any]:
+    """Group, owners and tags of a flow's asset in ``layer`` (sources, bronze, silver, gold)."""
+    return {"group_name": flow_group(spec), "owners": list(spec.owners),
+            "tags": flow_tags(spec, layer)}  # fmt: skip
+
+
 def source_specs(spec: FlowSpec) -> list[AssetSpec]:
     """External assets for the flow's source: one per Kafka topic, or the landing folder."""
     source = spec.source
@@ -62,8 +86,8 @@ def source_specs(spec: FlowSpec) -> list[AssetSpec]:
             AssetSpec(
                 key=AssetKey(["landing", spec.name]),
                 description=f"{source.format} files landing in {source.path}",
-                group_name="sources",
                 kinds={"file"},
+                **ownership(spec, "source"),
             )
         ]
     assert isinstance(source, KafkaSource)
@@ -72,7 +96,9 @@ def source_specs(spec: FlowSpec) -> list[AssetSpec]:
     else:
         named = {topic: f"Kafka topic {topic}" for topic in source.topics}
     return [
-        AssetSpec(key=AssetKey(["kafka", n]), description=d, group_name="sources", kinds={"kafka"})
+        AssetSpec(
+            key=AssetKey(["kafka", n]), description=d, kinds={"kafka"}, **ownership(spec, "source")
+        )
         for n, d in named.items()
     ]
 
@@ -82,7 +108,6 @@ def bronze_spec(spec: FlowSpec, settings: Settings) -> AssetSpec:
     return AssetSpec(
         key=bronze_key(spec),
         deps=[s.key for s in source_specs(spec)],
-        group_name="bronze",
         kinds={"spark", "delta"},
         description=spec.description or f"Bronze table of flow {spec.name} (raw, exactly once).",
         metadata={
@@ -92,8 +117,8 @@ def bronze_spec(spec: FlowSpec, settings: Settings) -> AssetSpec:
             "flow": spec.name,
             "trigger": spec.trigger.mode,
         },
-        tags={"conflux/trigger": spec.trigger.mode},
         skippable=True,
+        **ownership(spec, "bronze"),
     )
 
 
@@ -119,12 +144,11 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
         return AssetSpec(
             key=keys[role],
             deps=[upstream],
-            group_name="silver",
             kinds={"spark", "delta"},
             description=description,
             metadata={**common, "table_path": str(paths[role]), **metadata},
-            tags={"conflux/trigger": spec.trigger.mode},
             skippable=True,
+            **ownership(spec, "silver"),
         )
 
     parsed = f"{silver.format} payloads of {spec.target.table} parsed to ({silver.schema_ddl})"
@@ -250,7 +274,6 @@ def gold_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
             AssetSpec(
                 key=keys[f"gold/{gold.table}"],
                 deps=deps,
-                group_name="gold",
                 kinds={"spark", "delta"},
                 description=gold.description or description,
                 metadata={
@@ -259,20 +282,19 @@ def gold_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
                     "table_path": str(paths[f"gold/{gold.table}"]),
                     "checkpoint": str(locations.stage_checkpoint(f"gold.{gold.table}")),
                 },
-                tags={"conflux/trigger": spec.trigger.mode},
                 skippable=True,
+                **ownership(spec, "gold"),
             ),
             AssetSpec(
                 key=keys[f"late/{gold.table}"],
                 deps=deps,
-                group_name="gold",
                 kinds={"spark", "delta"},
                 description=f"Late rows of gold {gold.table}: events that arrived behind the "
                 f"watermark (newest event time - {gold.allowed_lateness}), {missed}; never "
                 "dropped.",
                 metadata={**common, **metadata, "table_path": str(paths[f"late/{gold.table}"])},
-                tags={"conflux/trigger": spec.trigger.mode},
                 skippable=True,
+                **ownership(spec, "gold"),
             ),
         ]
     return specs
@@ -286,6 +308,20 @@ def flow_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
 def flow_pool(spec: FlowSpec) -> str:
     """The Dagster concurrency pool of a flow's runs (one slot: one run at a time)."""
     return f"conflux/flow/{spec.name}"
+
+
+def restart_policy(spec: FlowSpec) -> RetryPolicy | None:
+    """A continuous flow's Spark application that dies is started again from its checkpoint:
+    ``trigger.max_restarts`` times per run, after ``trigger.restart_delay``, doubled each time.
+    Refusals (bad run config, a flow another run holds) are not retried."""
+    trigger = spec.trigger
+    if trigger.mode != "continuous" or trigger.max_restarts == 0:
+        return None
+    return RetryPolicy(
+        max_retries=trigger.max_restarts,
+        delay=duration_seconds(trigger.restart_delay),
+        backoff=Backoff.EXPONENTIAL,
+    )
 
 
 def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
@@ -312,18 +348,25 @@ def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
         or None,
         can_subset=False,
         pool=flow_pool(spec),
+        retry_policy=restart_policy(spec),
         description=f"Flow {spec.name} ({spec.spec_file}).",
     )
     def _flow(
         context: AssetExecutionContext, config: FlowRunConfig, spark_submit: SparkSubmitResource
     ) -> Iterator[PipesExecutionResult]:
         if config.trigger is not None and config.trigger not in TRIGGER_MODES:
-            raise Failure(f"trigger: {config.trigger!r} is not one of {', '.join(TRIGGER_MODES)}")
+            raise Failure(
+                f"trigger: {config.trigger!r} is not one of {', '.join(TRIGGER_MODES)}",
+                allow_retries=False,
+            )
         trigger = "available_now" if config.full_refresh else config.trigger
         if config.full_refresh and config.trigger not in (None, "available_now"):
-            raise Failure("full_refresh runs incrementally: leave trigger out or available_now")
+            raise Failure(
+                "full_refresh runs incrementally: leave trigger out or available_now",
+                allow_retries=False,
+            )
         if config.full_refresh and spec.silver is None:
-            raise Failure(f"flow {spec.name} has no silver stage to refresh")
+            raise Failure(f"flow {spec.name} has no silver stage to refresh", allow_retries=False)
         yield from run_flows(context, [spec], spark_submit, trigger, config.full_refresh)
 
     return _flow

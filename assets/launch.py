@@ -41,14 +41,18 @@ from dagster import (
     PipesEnvContextInjector,
     PipesExecutionResult,
     PipesTempFileMessageReader,
+    TableColumnLineage,
     open_pipes_session,
 )
 
 from assets.keys import events_key, flow_table_keys
+from assets.lineage import column_lineage
 from assets.resources import SparkSubmitResource
 from assets.sensors import RUN_WORKER_TAG
+from assets.table_facts import table_metadata
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
+from pipelines.locations import table_paths
 from pipelines.settings import load_settings
 from pipelines.silver.expectations import QUALITY_COUNTS, failed_expectations
 from pipelines.silver.schema_changes import schema_change_stopped
@@ -111,6 +115,21 @@ def pipes_asset_keys(tables: dict[str, FlowTables]) -> dict[str, str]:
     return names
 
 
+def progress_figures(batch: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of a batch the UI plots over time: rate, duration, lag, state size."""
+    figures: dict[str, Any] = {
+        "batch_duration_ms": MetadataValue.int(int(batch.get("batch_duration_ms") or 0)),
+    }
+    for name in ("lag", "lag_versions"):
+        if batch.get(name) is not None:
+            figures[name] = MetadataValue.int(int(batch[name]))
+    state = batch.get("state") or {}
+    if state:
+        figures["state_rows"] = MetadataValue.int(int(state.get("rows_total") or 0))
+        figures["state_memory_bytes"] = MetadataValue.int(int(state.get("memory_bytes") or 0))
+    return figures
+
+
 @dataclass
 class ProgressRelay:
     """Relays the writes of one table (one asset key) as throttled materializations.
@@ -137,6 +156,13 @@ class ProgressRelay:
     last_event: float = field(default_factory=time.monotonic)
     #: Silver's events table: the quality counts of the batches since the last event.
     pending_quality: dict[str, int] = field(default_factory=dict)
+    #: Where the table lives and its column lineage: the table's facts on every event.
+    table_path: str | None = None
+    lineage: TableColumnLineage | None = None
+
+    def facts(self) -> dict[str, Any]:
+        """Schema, row count, Delta version and latest commits of the table as it is now."""
+        return {} if self.table_path is None else table_metadata(self.table_path, self.lineage)
 
     def add(self, message: dict[str, Any], write: dict[str, Any]) -> None:
         rows = int(write.get("rows") or 0)
@@ -190,9 +216,8 @@ class ProgressRelay:
         }
         if self.latest_write.get("version") is not None:
             metadata["delta_version"] = MetadataValue.int(int(self.latest_write["version"]))
-        if latest.get("lag") is not None:
-            metadata["lag"] = MetadataValue.int(int(latest["lag"]))
-        return metadata
+        metadata.update(progress_figures(latest))
+        return {**self.facts(), **metadata}
 
     def _first_batch(self) -> dict[str, Any]:
         if self.first_batch_id is None:
@@ -218,7 +243,7 @@ class ProgressRelay:
         metadata.update(self.batch_range())
         if self.version is not None:
             metadata["delta_version"] = MetadataValue.int(self.version)
-        return metadata
+        return {**self.facts(), **metadata}
 
 
 @dataclass
@@ -372,10 +397,18 @@ def run_flows(
     tables = {spec.name: FlowTables.of(spec) for spec in specs}
     continuous = any((trigger or spec.trigger.mode) == "continuous" for spec in specs)
     extras = {"asset_keys": pipes_asset_keys(tables)}
+    settings = load_settings()
+    lineage = {key: deps for spec in specs for key, deps in column_lineage(spec).items()}
     relays = {
-        key: ProgressRelay(context, key, spark_submit.progress_interval_seconds)
-        for flow in tables.values()
-        for key in flow.by_role.values()
+        key: ProgressRelay(
+            context,
+            key,
+            spark_submit.progress_interval_seconds,
+            table_path=str(table_paths(spec, settings)[role]),
+            lineage=lineage.get(key),
+        )
+        for spec in specs
+        for role, key in tables[spec.name].by_role.items()
     }
     monitor = RunMonitor(
         context,
@@ -405,7 +438,7 @@ def run_flows(
     ) as session:
         application = FlowApplication(
             specs,
-            load_settings(),
+            settings,
             spark_submit.launcher(),
             trigger,
             runner_args=("--full-refresh",) if full_refresh else (),
@@ -421,7 +454,7 @@ def run_flows(
                 try:
                     running.enter_context(application)  # stopped and its leases freed on exit
                 except LeaseHeldError as exc:
-                    raise Failure(description=str(exc)) from exc
+                    raise Failure(description=str(exc), allow_retries=False) from exc
                 context.log.info(
                     f"launching (lease owner {application.owner}): "
                     f"{' '.join(loggable(application.command()))}"
@@ -459,7 +492,12 @@ def run_flows(
             key = AssetKey.from_escaped_user_string(raw) if isinstance(raw, str) else raw
             reported.add(key)
             # The run's batches, and (the events table) its quality counts, beside the child's.
-            extra = {**(relays[key].batch_range() if key in relays else {}), **quality.get(key, {})}
+            relay = relays.get(key)
+            extra = {
+                **(relay.facts() if relay else {}),
+                **(relay.batch_range() if relay else {}),
+                **quality.get(key, {}),
+            }
             if extra:
                 result = MaterializeResult(
                     asset_key=key,

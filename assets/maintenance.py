@@ -20,6 +20,7 @@ from dagster import (
     AssetKey,
     AssetObservation,
     Config,
+    DefaultScheduleStatus,
     Failure,
     JobDefinition,
     MetadataValue,
@@ -28,7 +29,7 @@ from dagster import (
     job,
     op,
 )
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from assets.keys import flow_table_keys
@@ -94,7 +95,7 @@ def maintenance_job(spec: FlowSpec, settings: Settings) -> JobDefinition:
         description=f"OPTIMIZE and VACUUM the tables of flow {spec.name} ({spec.spec_file}).",
     )
     def _maintain(
-        context: OpExecutionContext, config: MaintainConfig, pyspark: PySparkResource
+        context: OpExecutionContext, config: MaintainConfig, pyspark: LazyPySparkResource
     ) -> None:
         reports = maintain_flow(
             pyspark.spark_session, spec, settings, optimize=config.optimize, vacuum=config.vacuum
@@ -149,5 +150,6 @@ def maintenance_schedule(spec: FlowSpec, maintain: JobDefinition) -> ScheduleDef
         job=maintain,
         cron_schedule=cron.strip(),
         execution_timezone="UTC",
+        default_status=DefaultScheduleStatus.RUNNING,  # declared in the spec: wanted
         description=f"maintenance.schedule of {spec.spec_file}: {cron.strip()} (UTC)",
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dagster import ConfigurableResource
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from pipelines.launcher import SparkSubmit
@@ -35,6 +35,6 @@ class SparkSubmitResource(ConfigurableResource):
         return SparkSubmit(self.spark_submit)
 
 
-def pyspark_resource() -> PySparkResource:
+def pyspark_resource() -> LazyPySparkResource:
     """dagster-pyspark's resource, configured like every other Conflux session (UI off)."""
-    return PySparkResource(spark_config=spark_conf(load_settings(), ui=False))
+    return LazyPySparkResource(spark_config=spark_conf(load_settings(), ui=False))

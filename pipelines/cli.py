@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from pipelines.errors import ConfigError
+from pipelines.health import flow_health
 from pipelines.identity import read_identity, reset_flow
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm
@@ -98,6 +99,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         "checkpoint": str(locations.checkpoint),
         "generation": None if identity is None else identity.generation,
         "last_batch": last or None,
+        "health": None if (health := flow_health(spec, settings)) is None else health.metadata(),
     }
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -118,6 +120,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             print(f"  lag {partition:30} {lag}")
     else:
         print("last batch  none yet")
+    if health is not None:
+        print(f"health      {health.state}: {health.reason}")
     return 0
 
 
@@ -305,6 +309,7 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     from pipelines.gold.backfill import backfill
+    from pipelines.job_progress import JobProgress, terminal_bar
     from pipelines.spark import get_spark_session
 
     spec = _spec(settings, args.flow)
@@ -316,8 +321,11 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     owned = SparkSession.getActiveSession() is None
     spark = get_spark_session(f"conflux-backfill-{spec.name}", settings, ui=False)
     try:
-        result = backfill(spark, spec, settings, table, first, last)
+        with JobProgress(spark, f"backfill {table} {first}..{last}", terminal_bar()):
+            result = backfill(spark, spec, settings, table, first, last)
     finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # end the progress bar's line
         if owned:
             spark.stop()
     if args.json:

@@ -92,6 +92,11 @@ class FlowLocations:
         return self.flow_dir / "_status.json"
 
     @property
+    def health_file(self) -> Path:
+        """The running application's heartbeat (:mod:`pipelines.health`)."""
+        return self.flow_dir / "_health.json"
+
+    @property
     def archive_dir(self) -> Path:
         return self.flow_dir / "_archive"
 

@@ -11,6 +11,7 @@ the run's summary; ``rows_written`` counts rows Delta added, never replayed inpu
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,8 @@ from delta.tables import DeltaTable
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
+
+from pipelines.health import HeartbeatWriter, delta_lag
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class BatchProgress:
     #: Silver: where the batch's rows went and each expectation's failures
     #: (:class:`pipelines.silver.expectations.BatchQuality`).
     quality: dict[str, Any] | None = None
+    #: A query reading a Delta table (silver from bronze, gold from the events): table versions
+    #: between the batch's end and the newest version it saw; Kafka sources have ``lag``.
+    lag_versions: int | None = None
     #: Stateful queries (gold): the batch's watermark and per state operator its rows, memory,
     #: state-store commit time and rows dropped by the watermark (:func:`state_of`).
     state: dict[str, Any] | None = None
@@ -187,6 +193,10 @@ def kafka_lag(end: Any, latest: Any) -> int | None:
     return None if lags is None else sum(lags.values())
 
 
+#: ``sources[].description`` of a Delta source: ``DeltaSource[<table path>]``.
+_DELTA_SOURCE = re.compile(r"^DeltaSource\[(?P<path>.+)\]$")
+
+
 def delta_version(spark: SparkSession, table_path: str) -> int | None:
     """The table's latest committed version, or None before its first commit.
 
@@ -213,8 +223,16 @@ class ProgressTracker(StreamingQueryListener):
     known by the time :meth:`onQueryProgress` handles the batch.
     """
 
-    def __init__(self, sink: ProgressSink) -> None:
+    def __init__(
+        self,
+        sink: ProgressSink,
+        heartbeat: HeartbeatWriter | None = None,
+        spark: SparkSession | None = None,
+    ) -> None:
         self._sink = sink
+        self._heartbeat = heartbeat
+        self._spark = spark  # reads a Delta source's latest version (its lag)
+        self._names: dict[str, str] = {}  # query id -> name (idle events carry only the id)
         self._lock = threading.Lock()
         self._commits: dict[tuple[str, int], list[BatchCommit]] = {}
         #: Keyed by query name (:func:`query_name`).
@@ -237,11 +255,33 @@ class ProgressTracker(StreamingQueryListener):
             key = (query or commit.query_name, commit.batch_id)
             self._commits.setdefault(key, []).append(commit)
 
+    def _source_lag(self, progress: Any) -> dict[str, Any]:
+        """How far the query's (first) source is behind: Kafka records, or Delta versions (the
+        latest version this application's Delta log knows, read without a Spark job)."""
+        sources = progress.sources or []
+        if not sources:
+            return {}
+        end = _parse_offsets(sources[0].endOffset)
+        records = kafka_lag(end, _parse_offsets(sources[0].latestOffset))
+        if records is not None:
+            return {"lag": records, "lag_unit": "records"}
+        match = _DELTA_SOURCE.match(str(sources[0].description or ""))
+        if match is None or self._spark is None:
+            return {}
+        versions = delta_lag(end, delta_version(self._spark, match["path"]))
+        return {} if versions is None else {"lag": versions, "lag_unit": "versions"}
+
+    def _beat(self, name: str | None, event: str, **details: Any) -> None:
+        totals = self.totals.get(name or "")
+        if self._heartbeat is not None and totals is not None and name is not None:
+            self._heartbeat.beat(totals.flow, name, event=event, **details)
+
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
-        pass
+        self._names[str(event.id)] = event.name
+        self._beat(event.name, "started")
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-        pass
+        self._beat(self._names.get(str(event.id)), "idle")
 
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
         pass
@@ -252,10 +292,14 @@ class ProgressTracker(StreamingQueryListener):
         if totals is None:
             return
         ran = "addBatch" in (progress.durationMs or {})  # an idle trigger runs no batch
+        lag = self._source_lag(progress)
+        self._beat(progress.name, "batch" if ran else "no data", **lag,
+                   committed_batch=int(progress.batchId) if ran else None)  # fmt: skip
         with self._lock:
             key = (progress.name, int(progress.batchId))
             commits = self._commits.pop(key, []) if ran else []
-            batches = [self._batch_progress(progress, commit) for commit in commits]
+            versions = lag.get("lag") if lag.get("lag_unit") == "versions" else None
+            batches = [self._batch_progress(progress, commit, versions) for commit in commits]
             totals.last_batch_id = max(totals.last_batch_id, int(progress.batchId))
             if not commits:  # an idle trigger: no batch ran, nothing was written
                 return
@@ -281,7 +325,9 @@ class ProgressTracker(StreamingQueryListener):
             self._sink.batch(batch)
 
     @staticmethod
-    def _batch_progress(progress: Any, commit: BatchCommit | None) -> BatchProgress:
+    def _batch_progress(
+        progress: Any, commit: BatchCommit | None, lag_versions: int | None = None
+    ) -> BatchProgress:
         sources = progress.sources or []
         end = _parse_offsets(sources[0].endOffset) if sources else None
         latest = _parse_offsets(sources[0].latestOffset) if sources else None
@@ -304,6 +350,7 @@ class ProgressTracker(StreamingQueryListener):
             writes=[w.to_dict() for w in commit.writes] if commit else [],
             quality=commit.quality if commit else None,
             state=state_of(progress),
+            lag_versions=lag_versions,
         )
 
     def wait_for_batch(self, query: str, batch_id: int, timeout: float = 15.0) -> None:

@@ -39,6 +39,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.errors import ConfigError
 from pipelines.flow import FlowPipeline
+from pipelines.health import HeartbeatWriter
 from pipelines.lease import (
     IN_PROCESS_LAUNCHER,
     FlowLease,
@@ -376,7 +377,8 @@ def _run_owned(
     reporter.track_status({n: loc.status_file for n, loc in locations.items()}, owner=owner)
     own_session = spark is None
     spark = spark or get_spark_session("conflux-" + "-".join(s.name for s in specs), settings)
-    tracker = ProgressTracker(reporter)
+    heartbeat = HeartbeatWriter({n: loc.health_file for n, loc in locations.items()}, owner)
+    tracker = ProgressTracker(reporter, heartbeat, spark)
     for spec in specs:
         for write in resume_swap(spark, spec, settings):  # a crash cut a full refresh's swap
             reporter.info(f"flow {spec.name}: finished swapping in {write.table}")
@@ -404,6 +406,7 @@ def _run_owned(
                     )
     finally:
         spark.streams.removeListener(tracker)
+        heartbeat.stopped()
         if own_session:  # before Python exits, so no listener event is sent to a dead driver
             spark.stop()
     if code == EXIT_OK:

@@ -197,6 +197,47 @@ LocalPath = Annotated[StrictStr, AfterValidator(_local_path), _string()]
 TransformRef = Annotated[StrictStr, AfterValidator(_transform), _string(TRANSFORM_RE)]
 Cron = Annotated[StrictStr, AfterValidator(_cron), _string(CRON_RE)]
 SqlFragment = Annotated[StrictStr, AfterValidator(_sql_fragment), _string(minLength=1)]
+DURATION_RE = RETENTION_RE
+_DURATION_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds in a spec duration such as ``10 minutes`` (validated by :data:`DURATION_RE`)."""
+    match = re.match(r"^(\d+)\s*(second|minute|hour|day)s?$", text)
+    assert match is not None, f"not a duration: {text!r}"
+    return int(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def _duration(value: str) -> str:
+    if not DURATION_RE.match(value):
+        raise _error(f"{value!r} is not a duration such as '10 minutes' (seconds to days)")
+    return value
+
+
+Duration = Annotated[StrictStr, AfterValidator(_duration), _string(DURATION_RE)]
+
+
+OWNER_RE = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
+TAG_RE = re.compile(r"^[A-Za-z0-9_.-]{0,63}$")
+
+
+def _owner(value: str) -> str:
+    if not OWNER_RE.match(value):
+        raise _error(f"{value!r} is neither an email nor `team:<name>`")
+    return value
+
+
+def _tags(value: dict[str, str]) -> dict[str, str]:
+    for key, tag in value.items():
+        if not key or not TAG_RE.match(key) or not TAG_RE.match(tag):
+            raise _error(
+                f"tag {key!r}: {tag!r} is not a Dagster tag: keys and values of letters, "
+                "digits, `_`, `-`, `.`, at most 63 characters (keys not empty)"
+            )
+    return value
+
+
+Owner = Annotated[StrictStr, AfterValidator(_owner), _string(OWNER_RE)]
 StringMap = Annotated[
     dict[str, str],
     BeforeValidator(_string_map),
@@ -204,6 +245,7 @@ StringMap = Annotated[
         {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
     ),
 ]
+TagMap = Annotated[StringMap, AfterValidator(_tags)]
 
 
 class _Model(BaseModel):
@@ -392,6 +434,42 @@ class Trigger(_Model):
         default="5 seconds",
         description="Micro-batch interval of a continuous flow, e.g. `5 seconds`.",
     )
+    schedule: Cron | None = Field(
+        default=None,
+        description="When an `available_now` flow runs by itself (cron, UTC), e.g. `*/15 * * * *`: "
+        "the Dagster schedule `run_<flow>_schedule`; default: only when launched.",
+    )
+    stale_after: Duration = Field(
+        default="2 minutes",
+        description="A continuous flow whose Spark application has reported nothing (no batch, "
+        "no idle heartbeat) for this long is unhealthy (its `stream_health` check fails). "
+        "Spark reports an idle query every 10 seconds, so keep it well above that.",
+    )
+    max_restarts: Annotated[StrictInt, Field(ge=0)] = Field(
+        default=5,
+        description="A continuous flow whose Spark application dies is started again, from its "
+        "checkpoint, up to this many times per run (0: never).",
+    )
+    restart_delay: Duration = Field(
+        default="10 seconds",
+        description="Wait before the first restart; doubled for each further one.",
+    )
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> Trigger:
+        if self.schedule is not None and self.mode == "continuous":
+            raise _error(
+                "a continuous flow runs until stopped: a schedule starts `available_now` runs; "
+                "set `mode: available_now` or leave `schedule` out",
+                "schedule",
+            )
+        if duration_seconds(self.stale_after) < 30:
+            raise _error(
+                f"{self.stale_after!r} is shorter than 30 seconds: Spark reports an idle query "
+                "only every 10 seconds, so a healthy idle flow would look stalled",
+                "stale_after",
+            )
+        return self
 
 
 # --- silver ---------------------------------------------------------------------------------------
@@ -1210,7 +1288,6 @@ class MaintenanceSpec(_Model):
 # --- gold ---------------------------------------------------------------------------------------
 
 #: A window length, a lateness or a skew: whole units, seconds to days.
-DURATION_RE = RETENTION_RE
 #: ``gold[].aggregates[].function`` -> whether it needs a column.
 AGGREGATE_FUNCTIONS = {
     "count": False,
@@ -1224,23 +1301,6 @@ AGGREGATE_FUNCTIONS = {
 GOLD_METADATA_COLUMNS = ("window_start", "window_end", "_rows", "_event_date", "_updated_at")
 #: Columns of the silver events a gold stage may read besides the schema's.
 GOLD_INPUT_METADATA = ("_event_time", "_op", "_source_topic", "_source_partition", "_source_offset")
-_DURATION_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
-
-
-def duration_seconds(text: str) -> int:
-    """Seconds in a spec duration such as ``10 minutes`` (validated by :data:`DURATION_RE`)."""
-    match = re.match(r"^(\d+)\s*(second|minute|hour|day)s?$", text)
-    assert match is not None, f"not a duration: {text!r}"
-    return int(match[1]) * _DURATION_UNITS[match[2]]
-
-
-def _duration(value: str) -> str:
-    if not DURATION_RE.match(value):
-        raise _error(f"{value!r} is not a duration such as '10 minutes' (seconds to days)")
-    return value
-
-
-Duration = Annotated[StrictStr, AfterValidator(_duration), _string(DURATION_RE)]
 
 
 class WindowSpec(_Model):
@@ -1296,6 +1356,16 @@ class LateTable(_Model):
     )
 
 
+class ScheduledBackfill(_Model):
+    """A backfill of a gold table's last closed event dates, run by a Dagster schedule."""
+
+    schedule: Cron = Field(description="When it runs (cron, UTC), e.g. `30 2 * * *`.")
+    dates: Annotated[StrictInt, Field(ge=1, le=366)] = Field(
+        default=3,
+        description="How many event dates: the newest dates the stream's watermark has closed.",
+    )
+
+
 class _GoldTable(SilverTable):
     """What every gold table declares: where it lives, its lateness and its late-data table."""
 
@@ -1325,6 +1395,11 @@ class _GoldTable(SilverTable):
     partitions_start: date = Field(
         default=date(2025, 1, 1),
         description="The first event date of the gold table's daily partitions (backfills).",
+    )
+    backfill: ScheduledBackfill | None = Field(
+        default=None,
+        description="Re-materialize the last closed event dates by schedule, so late rows are "
+        "reconciled without a person: the Dagster schedule `backfill_<table>_schedule`.",
     )
 
     @classmethod
@@ -1613,6 +1688,20 @@ class FlowSpec(_Model):
         description="Name of the flow (unique): its Dagster assets, checkpoint folder and query."
     )
     description: StrictStr = Field(default="", description="What the flow carries, for people.")
+    domain: Identifier | None = Field(
+        default=None,
+        description="The business domain the flow belongs to: the Dagster asset group of its "
+        "tables and sources; default: the flow's name.",
+    )
+    owners: tuple[Owner, ...] = Field(
+        default=(),
+        description="Who answers for the flow's tables: emails or `team:<name>` (Dagster owners).",
+    )
+    tags: TagMap = Field(
+        default_factory=dict,
+        description="Tags of every asset of the flow, e.g. `{tier: critical}` (Dagster tags: "
+        "keys and values of letters, digits, `_`, `-`, `.`; at most 63 characters).",
+    )
     source: Source = Field(discriminator="kind", description="Where the records come from.")
     target: Target = Field(description="The bronze Delta table.")
     trigger: Trigger = Field(

@@ -31,7 +31,7 @@ from dagster import (
     MetadataValue,
     asset_check,
 )
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -79,7 +79,9 @@ def _suite_check(
         description=f"Great Expectations suite of the {role} table {table} ({spec.spec_file}: "
         f"silver.{role}.suite){'; blocking' if suite.blocking else ''}.",
     )
-    def _check(context: AssetCheckExecutionContext, pyspark: PySparkResource) -> AssetCheckResult:
+    def _check(
+        context: AssetCheckExecutionContext, pyspark: LazyPySparkResource
+    ) -> AssetCheckResult:
         spark = pyspark.spark_session
         try:
             frame = spark.read.format("delta").load(path)

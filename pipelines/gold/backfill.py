@@ -150,6 +150,31 @@ def closing_time(day: date, gold: AnyGold) -> datetime:
     return start + timedelta(seconds=gold.closing_delay_seconds())
 
 
+def last_closed_dates(
+    gold: AnyGold, watermark_micros: int | None, count: int
+) -> tuple[date, date] | None:
+    """The newest ``count`` event dates the watermark has closed (first, last), never before the
+    table's ``partitions_start``; None when no date is closed yet."""
+    if watermark_micros is None:
+        return None
+    watermark = datetime.fromtimestamp(watermark_micros / MICROS, UTC)
+    last = watermark.date()
+    while closing_time(last, gold) > watermark:
+        last -= timedelta(days=1)
+    if last < gold.partitions_start:
+        return None
+    return max(last - timedelta(days=count - 1), gold.partitions_start), last
+
+
+def closed_dates(
+    spec: FlowSpec, settings: Settings, table: str, count: int
+) -> tuple[date, date] | None:
+    """:func:`last_closed_dates` under gold ``table``'s stream watermark (no Spark needed)."""
+    gold = gold_of(spec, table)
+    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint(f"gold.{gold.table}")
+    return last_closed_dates(gold, stream_watermark_micros(checkpoint), count)
+
+
 def check_closed(
     first: date, last: date, gold: AnyGold, watermark_micros: int | None, flow: str
 ) -> None:
@@ -249,6 +274,18 @@ def recompute(
     )
 
 
+def refuse_open_dates(
+    spec: FlowSpec, settings: Settings, table: str, first: date, last: date
+) -> int | None:
+    """Refuse ``first..last`` unless the stream closed every date (no Spark needed, so a refusal
+    is quick); returns the stream's watermark."""
+    gold = gold_of(spec, table)
+    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint(f"gold.{gold.table}")
+    watermark = stream_watermark_micros(checkpoint)
+    check_closed(first, last, gold, watermark, spec.name)
+    return watermark
+
+
 def backfill(
     spark: SparkSession, spec: FlowSpec, settings: Settings, table: str, first: date, last: date
 ) -> BackfillResult:
@@ -258,9 +295,7 @@ def backfill(
         BackfillRefusedError: a date is not closed yet, or the stream never committed.
     """
     gold = gold_of(spec, table)
-    locations = FlowLocations.of(spec, settings)
-    watermark = stream_watermark_micros(locations.stage_checkpoint(f"gold.{gold.table}"))
-    check_closed(first, last, gold, watermark, spec.name)
+    watermark = refuse_open_dates(spec, settings, table, first, last)
     paths = table_paths(spec, settings)
     gold_path = str(paths[f"gold/{gold.table}"])
     check_design(spark, spec, settings, gold, gold_path)

@@ -9,7 +9,6 @@ import yaml
 from dagster import (
     AssetCheckSeverity,
     AssetKey,
-    AssetSelection,
     DagsterEventType,
     DagsterInstance,
     asset,
@@ -301,83 +300,3 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         assert AssetKey("report_on_events") in {
             m.asset_key for m in again.get_asset_materialization_events()
         }
-
-
-def test_a_gold_flow_and_its_backfill_asset(conflux_env: Path, kafka_broker: KafkaBroker) -> None:
-    """A run of a gold flow materializes the gold and late-data tables as delta-rs finds them;
-    the daily-partitioned ``backfill/<table>`` asset recomputes a closed date, and refuses an
-    open one with the date it closes at."""
-    import json
-
-    from pipelines.locations import table_paths
-    from tests.support.delta_read import read_rows
-
-    def sale(i: int, when: str) -> tuple[bytes, bytes]:
-        return str(i).encode(), json.dumps({"id": i, "amount": 1.5, "ts": when}).encode()
-
-    create_topic(kafka_broker.bootstrap_servers, "e2e_sales", partitions=1)
-    sent = [sale(i, f"2026-11-10T10:{i:02d}:00+00:00") for i in range(30)]
-    sent.append(sale(99, "2026-11-12T09:00:00+00:00"))  # the 10th and 11th close
-    produce(kafka_broker.bootstrap_servers, "e2e_sales", sent)
-    spec = {
-        "name": "e2e_sales",
-        "source": {"kind": "kafka", "topics": ["e2e_sales"]},
-        "target": {"table": "bronze_e2e_sales"},
-        "silver": {"format": "json", "schema": "id BIGINT, amount DOUBLE, ts TIMESTAMP"},
-        "gold": [
-            {
-                "table": "e2e_sales_10m",
-                "event_time": "ts",
-                "allowed_lateness": "5 minutes",
-                "window": {"duration": "10 minutes"},
-                "aggregates": [{"name": "revenue", "function": "sum", "column": "amount"}],
-                "partitions_start": "2026-11-01",
-            }
-        ],
-    }
-    (conflux_env / "e2e_sales.yaml").write_text(yaml.safe_dump(spec))
-    paths = table_paths(load_spec(conflux_env / "e2e_sales.yaml"), load_settings())
-    gold, late = AssetKey(["gold", "e2e_sales_10m"]), AssetKey(["late", "e2e_sales_10m_late"])
-    with DagsterInstance.ephemeral() as instance:
-        defs = build_definitions()
-        backfills = [a for a in defs.assets or [] if getattr(a, "partitions_def", None)]
-        streams = [a for a in defs.assets or [] if a not in backfills]
-        run = materialize(
-            assets=streams,
-            selection=AssetSelection.assets(
-                AssetKey(["bronze", "bronze_e2e_sales"])
-            ).required_multi_asset_neighbors(),
-            resources=defs.resources,
-            instance=instance,
-        )
-        assert run.success
-        materialized = {
-            event.asset_key: {k: v.value for k, v in event.metadata.items()}
-            for event in run.asset_materializations_for_node("flow_e2e_sales")
-        }
-        rows = read_rows(paths["gold/e2e_sales_10m"])
-        assert materialized[gold]["rows_written"] == len(rows) == 4  # three windows + the 12th
-        assert sum(r["_rows"] for r in rows) == len(sent)
-        assert late in materialized and materialized[late]["rows_written"] == 0
-        checks = {(e.asset_key, e.check_name): e for e in run.get_asset_check_evaluations()}
-        for name in ("rows_accounted", "late_rows", "watermark_drops"):
-            assert checks[(gold, name)].passed, name
-
-        def backfill_run(day: str, raise_on_error: bool = True):
-            return materialize(
-                assets=backfills,
-                resources=defs.resources,
-                instance=instance,
-                partition_key=day,
-                raise_on_error=raise_on_error,
-            )
-
-        done = backfill_run("2026-11-10")
-        assert done.success
-        [event] = done.asset_materializations_for_node("backfill__e2e_sales_10m")
-        assert {k: v.value for k, v in event.metadata.items()}["rows_reflected"] == 30
-        assert sum(r["_rows"] for r in read_rows(paths["gold/e2e_sales_10m"])) == len(sent)
-        refused = backfill_run("2026-11-12", raise_on_error=False)
-        assert not refused.success
-        [failure] = [e for e in refused.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
-        assert "2026-11-12 is still open" in failure.step_failure_data.error.message

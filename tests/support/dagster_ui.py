@@ -112,6 +112,89 @@ class DagsterUI:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    @property
+    def url(self) -> str:
+        """The web UI's address (what a browser opens)."""
+        return f"http://127.0.0.1:{self.client._port_number}"
+
+    def graphql(self, query: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A GraphQL query or mutation, as the UI sends it."""
+        return dict(self.client._execute(query, dict(variables or {})))
+
+    def asset_nodes(self) -> dict[str, dict[str, Any]]:
+        """Every asset node of the graph by its key (``a/b``): group, owners, tags, upstream
+        keys, partitioning and checks."""
+        nodes = self.graphql(ASSET_NODES)["assetNodes"]
+        return {"/".join(n["assetKey"]["path"]): n for n in nodes}
+
+    def repository(self) -> dict[str, Any]:
+        """The code location's repository: its schedules and sensors."""
+        [repository] = self.graphql(REPOSITORY)["repositoriesOrError"]["nodes"]
+        return dict(repository)
+
+    def schedule_dry_run(self, schedule: str) -> dict[str, Any]:
+        """The UI's "Test schedule": evaluate it now, launching nothing."""
+        result = self.graphql(
+            SCHEDULE_DRY_RUN,
+            {"selector": {**REPOSITORY_SELECTOR, "scheduleName": schedule}, "ts": time.time()},
+        )["scheduleDryRun"]
+        assert result["__typename"] == "DryRunInstigationTick", result
+        return dict(result["evaluationResult"])
+
+    def launch_partition_backfill(self, asset_key: str, partitions: list[str]) -> str:
+        """The UI's backfill dialog: ``partitions`` of one asset; returns the backfill id."""
+        result = self.graphql(
+            LAUNCH_BACKFILL,
+            {
+                "params": {
+                    "assetSelection": [{"path": asset_key.split("/")}],
+                    "partitionNames": partitions,
+                }
+            },
+        )["launchPartitionBackfill"]
+        assert result["__typename"] == "LaunchBackfillSuccess", result
+        return str(result["backfillId"])
+
+    def backfills(self) -> list[dict[str, Any]]:
+        """Recent partition backfills, newest first: id, status, partitions, runs."""
+        result = self.graphql(BACKFILLS)["partitionBackfillsOrError"]
+        return list(result["results"])
+
+    def wait_backfill(self, backfill_id: str, timeout: float) -> dict[str, Any]:
+        """Wait for the backfill to finish; fail unless it succeeded."""
+
+        def finished() -> dict[str, Any] | None:
+            found = [b for b in self.backfills() if b["id"] == backfill_id]
+            if found and found[0]["status"] in BACKFILL_DONE:
+                return found[0]
+            return None
+
+        done = wait_for(finished, timeout, f"backfill {backfill_id}", every=2)
+        assert done["status"] in ("COMPLETED", "COMPLETED_SUCCESS"), done
+        return dict(done)
+
+
+REPOSITORY_SELECTOR = {"repositoryLocationName": "conflux", "repositoryName": "__repository__"}
+BACKFILL_DONE = ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED")
+ASSET_NODES = """{ assetNodes { assetKey { path } groupName description isPartitioned
+  owners { __typename ... on UserAssetOwner { email } ... on TeamAssetOwner { team } }
+  tags { key value } dependencyKeys { path }
+  assetChecksOrError { ... on AssetChecks { checks { name } } } } }"""
+REPOSITORY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name
+  schedules { name cronSchedule executionTimezone scheduleState { status } }
+  sensors { name sensorState { status } } } } } }"""
+SCHEDULE_DRY_RUN = """mutation($selector: ScheduleSelector!, $ts: Float) {
+  scheduleDryRun(selectorData: $selector, timestamp: $ts) { __typename
+    ... on DryRunInstigationTick { evaluationResult {
+      runRequests { runKey tags { key value } } skipReason error { message } } }
+    ... on PythonError { message } } }"""
+LAUNCH_BACKFILL = """mutation($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) { __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack } ... on UnauthorizedError { message } } }"""
+BACKFILLS = """{ partitionBackfillsOrError(limit: 20) { ... on PartitionBackfills { results {
+  id status partitionNames runs(limit: 10) { runId status } } } } }"""
+
 
 def event_text(record: Any) -> str:
     """An event log record as text: its message, plus the error (and causes) it carries."""

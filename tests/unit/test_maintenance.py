@@ -445,7 +445,7 @@ def test_a_job_per_flow_and_a_schedule_where_the_spec_declares_one(tmp_path: Pat
         assert node.pool == maintenance_pool(parse_spec(people())).replace("people", flow)
         assert node.pool != flow_pool(parse_spec(people()))  # runs beside the flow
     schedules = {s.name: s for s in defs.schedules or []}
-    assert set(schedules) == {"ingest_incremental_every_15_minutes", "maintain_people_schedule"}
+    assert set(schedules) == {"maintain_people_schedule"}  # no cron but the spec's
     schedule = schedules["maintain_people_schedule"]
     assert schedule.cron_schedule == "30 2 * * 0"
     assert schedule.execution_timezone == "UTC"

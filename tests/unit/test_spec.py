@@ -355,7 +355,10 @@ def test_more_type_errors_use_python_type_names() -> None:
         ({"source__topics": "orders"}, "source.topics: expected list, got str"),
         ({"source": {"topics": ["x"]}}, "source.kind: is required"),
         ({"trigger": "now"}, "trigger: expected dict, got str"),
-        ({"spec_file": "x"}, "spec_file: unknown field; allowed: name, description, source"),
+        (
+            {"spec_file": "x"},
+            "spec_file: unknown field; allowed: name, description, domain, owners, tags, source",
+        ),
     ]
     for overrides, message in cases:
         with pytest.raises(SpecError) as caught:

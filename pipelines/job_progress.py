@@ -1,0 +1,96 @@
+"""Progress of the Spark jobs a batch operation (a backfill) runs, for a person watching it.
+
+A backfill of a date range is one Spark application running a handful of jobs (read, join or
+aggregate, ``replaceWhere`` write); its progress is the share of their tasks done. Spark's
+status tracker gives the tasks of the active stages without any listener; :class:`JobProgress`
+polls it on a thread and hands a line to ``show``: a progress bar redrawn in place on a
+terminal (``conflux backfill``), a log line every few seconds elsewhere (the Dagster asset).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from pyspark.sql import SparkSession
+
+BAR_WIDTH = 30
+
+
+@dataclass(frozen=True)
+class TaskCounts:
+    stages: int
+    tasks: int
+    done: int
+
+    def bar(self, label: str, elapsed: float) -> str:
+        share = self.done / self.tasks if self.tasks else 0.0
+        filled = round(share * BAR_WIDTH)
+        return (
+            f"{label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {self.done}/{self.tasks} "
+            f"tasks of {self.stages} stage(s), {elapsed:.0f} s"
+        )
+
+
+def task_counts(tracker: Any, seen: dict[int, tuple[int, int]]) -> TaskCounts:
+    """Tasks of every stage seen so far (``seen`` keeps them; a stage no longer active is done)."""
+    active = set(tracker.getActiveStageIds())
+    for stage_id in set(seen) - active:
+        seen[stage_id] = (seen[stage_id][0], seen[stage_id][0])
+    for stage_id in active:
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            seen[stage_id] = (int(info.numTasks), int(info.numCompletedTasks))
+    return TaskCounts(
+        stages=len(seen),
+        tasks=sum(total for total, _ in seen.values()),
+        done=sum(done for _, done in seen.values()),
+    )
+
+
+class JobProgress:
+    """Shows the progress of the Spark work run inside the ``with`` block every ``every``
+    seconds (and once at the end)."""
+
+    def __init__(
+        self, spark: SparkSession, label: str, show: Callable[[str], None], every: float = 2.0
+    ) -> None:
+        self._tracker = spark.sparkContext.statusTracker()
+        self._label, self._show, self._every = label, show, every
+        self._seen: dict[int, tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="job-progress", daemon=True)
+
+    def _line(self) -> str:
+        counts = task_counts(self._tracker, self._seen)
+        return counts.bar(self._label, time.monotonic() - self._started)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            self._show(self._line())
+
+    def __enter__(self) -> JobProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._show(self._line())
+
+
+def terminal_bar(stream: TextIO = sys.stderr) -> Callable[[str], None]:
+    """Redraws one line in place on a terminal; prints plain lines when not a terminal."""
+    if not stream.isatty():
+        return lambda line: print(line, file=stream, flush=True)
+
+    def show(line: str) -> None:
+        stream.write("\r\033[K" + line)
+        stream.flush()
+
+    return show
