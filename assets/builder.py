@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     AssetSelection,
     AssetSpec,
@@ -25,8 +26,9 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 
 from assets.backfills import backfill_asset, backfill_job, backfill_schedule
 from assets.flows import flow_assets, source_specs
+from assets.health import CHECK_NAME as HEALTH_CHECK
 from assets.health import health_check, stream_health_sensor
-from assets.keys import flow_asset_keys, flow_table_keys
+from assets.keys import bronze_key, flow_asset_keys, flow_table_keys
 from assets.maintenance import maintenance_job, maintenance_schedule
 from assets.resources import SparkSubmitResource, pyspark_resource
 from assets.sensors import dead_run_worker_sensor
@@ -63,6 +65,15 @@ def flow_schedule(spec: FlowSpec, job: UnresolvedAssetJobDefinition) -> Schedule
     )
 
 
+def flow_selection(spec: FlowSpec) -> AssetSelection:
+    """Every table of the flow; not a continuous flow's stream_health check, which the sensor
+    keeps (a run of the flow does not execute it)."""
+    tables = AssetSelection.assets(*flow_asset_keys(spec))
+    if spec.trigger.mode != "continuous":
+        return tables
+    return tables - AssetSelection.checks(AssetCheckKey(bronze_key(spec), HEALTH_CHECK))
+
+
 def build_definitions(
     flows_dir: Path | None = None, flows: Sequence[str] | None = None
 ) -> Definitions:
@@ -89,7 +100,7 @@ def build_definitions(
     jobs = {
         spec.name: define_asset_job(
             f"run_{spec.name}",
-            selection=AssetSelection.assets(*flow_asset_keys(spec)),
+            selection=flow_selection(spec),
             description=f"Run flow {spec.name} ({spec.trigger.mode}).",
         )
         for spec in specs

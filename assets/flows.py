@@ -312,7 +312,7 @@ def flow_pool(spec: FlowSpec) -> str:
 
 def restart_policy(spec: FlowSpec) -> RetryPolicy | None:
     """A continuous flow's Spark application that dies is started again from its checkpoint:
-    ``trigger.max_restarts`` times per run, after ``trigger.restart_delay``, doubled each time.
+    ``trigger.max_restarts`` times per run, waiting 1, 3, 7, ... times ``trigger.restart_delay``.
     Refusals (bad run config, a flow another run holds) are not retried."""
     trigger = spec.trigger
     if trigger.mode != "continuous" or trigger.max_restarts == 0:

@@ -5,13 +5,16 @@ its stream moves. Its Spark application writes a heartbeat file (:mod:`pipelines
 ``conflux_stream_health`` sensor reads it every 15 seconds for every flow whose lease is held
 (running, or dead without releasing it) and records the verdict as an evaluation of the
 ``stream_health`` asset check on the flow's bronze asset: passed when healthy (idle with lag 0
-included), failed with the reason when the heartbeat is stale or a query is behind with no
-commit for ``trigger.stale_after``. The UI shows the check's state and history on the asset; an
-evaluation is recorded when the state changes, and at least every :data:`REPEAT_SECONDS`.
-The same check can be executed from the UI on demand.
+included), failed with the reason when a query was not heard from or is behind with no commit for
+``trigger.stale_after``, or when its application is down while its run goes on (a restart
+pending); a flow whose run ended is recorded once as not running (passed, warning). The UI
+shows the check's state and history on the asset; an evaluation is recorded when the state
+changes, and (but for a stopped flow) at least every :data:`REPEAT_SECONDS`. The same check
+can be executed from the UI on demand.
 
-A dead application is restarted by the flow asset's retry policy (``trigger.max_restarts``,
-``trigger.restart_delay`` doubling): the run's event log shows each attempt.
+A dead application is restarted by the flow asset's retry policy (``trigger.max_restarts``;
+Dagster's exponential backoff waits 1, 3, 7, ... times ``trigger.restart_delay``): the run's
+event log shows each attempt.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dagster import (
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    DagsterInstance,
     DefaultSensorStatus,
     MetadataValue,
     SensorDefinition,
@@ -36,6 +40,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 
 from assets.keys import bronze_key
 from pipelines.health import Health, flow_health
+from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
@@ -83,6 +88,27 @@ def health_check(spec: FlowSpec, settings: Settings) -> AssetChecksDefinition:
     return _stream_health
 
 
+def verdict(spec: FlowSpec, settings: Settings, instance: DagsterInstance) -> Health | None:
+    """The flow's health as the sensor records it: from its heartbeat while its lease is held;
+    ``down`` when its lease was released while its Dagster run goes on (the application died
+    and a restart is pending); ``stopped`` after its run ended; None if it never ran."""
+    health = flow_health(spec, settings)
+    if health is not None:
+        return health
+    term = FlowLocations.of(spec, settings).lease_store().latest()
+    if term is None:
+        return None
+    run_id = term.details.get("dagster_run_id")
+    run = instance.get_run_by_id(run_id) if run_id else None
+    if run is not None and not run.is_finished:
+        return Health(
+            "down",
+            f"its run {run_id} is {run.status.value} but its Spark application is not running "
+            "(a restart is pending, or the run is stopping)",
+        )
+    return Health("stopped", "not running")
+
+
 def stream_health_sensor(specs: list[FlowSpec], settings: Settings) -> SensorDefinition:
     """``conflux_stream_health``: records ``stream_health`` of each running continuous flow."""
 
@@ -97,19 +123,22 @@ def stream_health_sensor(specs: list[FlowSpec], settings: Settings) -> SensorDef
         cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
         now, verdicts = time.time(), []
         for spec in specs:
-            health = flow_health(spec, settings)
+            health = verdict(spec, settings, context.instance)
             if health is None:
-                cursor.pop(spec.name, None)
                 continue
             verdicts.append(f"{spec.name}: {health.state}")
             last = cursor.get(spec.name) or {}
-            if last.get("state") == health.state and now - last.get("at", 0) < REPEAT_SECONDS:
+            recent = now - last.get("at", 0) < REPEAT_SECONDS or health.state == "stopped"
+            if last.get("state") == health.state and recent:
                 continue
             context.instance.report_runless_asset_event(
                 AssetCheckEvaluation(
                     asset_key=bronze_key(spec),
                     check_name=CHECK_NAME,
-                    passed=health.healthy,
+                    passed=health.healthy or health.state == "stopped",
+                    severity=AssetCheckSeverity.WARN
+                    if health.state == "stopped"
+                    else AssetCheckSeverity.ERROR,
                     metadata=_metadata(health),
                     description=health.reason,
                 )

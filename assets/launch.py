@@ -41,7 +41,6 @@ from dagster import (
     PipesEnvContextInjector,
     PipesExecutionResult,
     PipesTempFileMessageReader,
-    TableColumnLineage,
     open_pipes_session,
 )
 
@@ -49,10 +48,11 @@ from assets.keys import events_key, flow_table_keys
 from assets.lineage import column_lineage
 from assets.resources import SparkSubmitResource
 from assets.sensors import RUN_WORKER_TAG
-from assets.table_facts import table_metadata
+from assets.table_facts import TableFacts
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
 from pipelines.locations import table_paths
+from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import load_settings
 from pipelines.silver.expectations import QUALITY_COUNTS, failed_expectations
 from pipelines.silver.schema_changes import schema_change_stopped
@@ -156,13 +156,11 @@ class ProgressRelay:
     last_event: float = field(default_factory=time.monotonic)
     #: Silver's events table: the quality counts of the batches since the last event.
     pending_quality: dict[str, int] = field(default_factory=dict)
-    #: Where the table lives and its column lineage: the table's facts on every event.
-    table_path: str | None = None
-    lineage: TableColumnLineage | None = None
+    #: The table's schema, row count, version, latest commits and lineage, on every event.
+    table: TableFacts | None = None
 
     def facts(self) -> dict[str, Any]:
-        """Schema, row count, Delta version and latest commits of the table as it is now."""
-        return {} if self.table_path is None else table_metadata(self.table_path, self.lineage)
+        return {} if self.table is None else self.table.read()
 
     def add(self, message: dict[str, Any], write: dict[str, Any]) -> None:
         rows = int(write.get("rows") or 0)
@@ -319,9 +317,11 @@ class RunMonitor:
                 self.context.log_event(evaluation)
             self.last_evaluated[id(checks)] = time.monotonic()
 
-    def report_stops(self) -> None:
+    def report_stops(self) -> bool:
         """A flow stopped by a ``fail`` expectation or schema-change policy: that check fails,
-        with the error."""
+        with the error. Returns whether any flow stopped so (running it again would stop it
+        again: not a crash to restart)."""
+        stopped = False
         for flow, checks in self.checks.items():
             for error in self.errors:
                 names = failed_expectations(error, flow)
@@ -331,8 +331,10 @@ class RunMonitor:
                 if schema_change:
                     checks.fail_schema_change(error)
                 if names or schema_change:
+                    stopped = True
                     for evaluation in checks.evaluations():
                         self.context.log_event(evaluation)
+        return stopped
 
 
 def loggable(command: list[str]) -> list[str]:
@@ -404,8 +406,7 @@ def run_flows(
             context,
             key,
             spark_submit.progress_interval_seconds,
-            table_path=str(table_paths(spec, settings)[role]),
-            lineage=lineage.get(key),
+            table=TableFacts(str(table_paths(spec, settings)[role]), lineage.get(key)),
         )
         for spec in specs
         for role, key in tables[spec.name].by_role.items()
@@ -477,12 +478,14 @@ def run_flows(
             monitor.poll(session.get_custom_messages(), final=True)
         returncode = application.wait()
         if returncode != 0:
-            monitor.report_stops()
+            stopped_by_policy = monitor.report_stops()
             raise Failure(
                 description=(
                     f"flows {', '.join(tables)}: the Spark application exited with code "
                     f"{returncode}: {' | '.join(monitor.errors) or 'see stderr in the logs'}"
-                )
+                ),
+                # A crash or a kill may pass on a restart; a refusal or a policy stop would not.
+                allow_retries=returncode not in (EXIT_CONFIG, EXIT_LEASE) and not stopped_by_policy,
             )
     reported: set[AssetKey] = set()
     quality = {totals.events: totals.metadata() for totals in monitor.checks.values()}

@@ -308,7 +308,7 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     """Recompute event dates of a gold table from the silver events (late rows included)."""
     from pyspark.sql import SparkSession
 
-    from pipelines.gold.backfill import backfill
+    from pipelines.gold.backfill import backfill, refuse_open_dates
     from pipelines.job_progress import JobProgress, terminal_bar
     from pipelines.spark import get_spark_session
 
@@ -318,6 +318,7 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
         tables = ", ".join(g.table for g in spec.gold) or "none"
         raise ConfigError(f"flow {spec.name}: name the gold table with --table ({tables})")
     first, last = date.fromisoformat(args.first), date.fromisoformat(args.last or args.first)
+    refuse_open_dates(spec, settings, table, first, last)  # before Spark starts
     owned = SparkSession.getActiveSession() is None
     spark = get_spark_session(f"conflux-backfill-{spec.name}", settings, ui=False)
     try:

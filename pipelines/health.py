@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.lease import process_gone
 from pipelines.locations import FlowLocations, write_json_atomically
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, duration_seconds
@@ -32,13 +33,19 @@ from pipelines.spec import FlowSpec, duration_seconds
 MIN_WRITE_SECONDS = 1.0
 
 
+#: ``index`` of a Delta source offset once a version is read to its end (Delta's END_INDEX).
+DELTA_END_INDEX = 2**63 - 1
+
+
 def delta_lag(end: Any, table_version: int | None) -> int | None:
     """Versions of the source Delta table a query has not fully read: from its batch's end
-    offset (``reservoirVersion``; index -1 means that version is not started) to the table's
-    latest version. Delta sources report no latest offset to Spark, so the caller reads it."""
+    offset to the table's latest version. The end offset's ``reservoirVersion`` is read to its
+    end only when ``index`` is Delta's END_INDEX; -1 (not started) or a file index (part of it)
+    leave it to read. Delta sources report no latest offset to Spark, so the caller reads it."""
     if not isinstance(end, dict) or "reservoirVersion" not in end or table_version is None:
         return None
-    done = int(end["reservoirVersion"]) - (1 if int(end.get("index", -1)) == -1 else 0)
+    read_to_end = int(end.get("index", -1)) == DELTA_END_INDEX
+    done = int(end["reservoirVersion"]) - (0 if read_to_end else 1)
     return max(0, table_version - done)
 
 
@@ -156,9 +163,17 @@ def assess(
         )
     if doc.get("stopped_at"):
         return Health("stopped", "the application stopped its queries")
-    age = now - float(doc.get("heartbeat_at") or 0.0)
     queries: Mapping[str, Mapping[str, Any]] = doc.get("queries") or {}
+    # Each query's last event: one stuck query is not hidden by the others' heartbeats.
+    heard = {
+        q: float(e.get("last_event_at") or e.get("started_at") or 0.0) for q, e in queries.items()
+    }
+    if not heard:
+        heard = {"the application": float(doc.get("heartbeat_at") or 0.0)}
+    quietest = min(heard, key=heard.__getitem__)
+    age = now - heard[quietest]
     lag = {q: int(e["lag"]) for q, e in queries.items() if e.get("lag") is not None}
+    units = {q: str(e.get("lag_unit") or "records") for q, e in queries.items()}
     since_commit = {
         q: round(now - float(e.get("last_commit_at") or e.get("started_at") or now), 1)
         for q, e in queries.items()
@@ -168,22 +183,31 @@ def assess(
         return Health(state, reason, round(age, 1), lag, since_commit)
 
     if age > stale_after:
+        gone = process_gone(doc.get("host"), doc.get("pid"))
         return found(
             "stale",
-            f"no heartbeat for {age:.0f} s (limit {stale_after:.0f} s): the Spark application "
-            "is gone or a query is stuck in a trigger (is its source reachable?)",
+            f"nothing heard from {quietest} for {age:.0f} s (limit {stale_after:.0f} s): "
+            + (
+                "its Spark application is gone"
+                if gone
+                else "it is stuck in a trigger (is its source reachable?) or in a batch longer "
+                "than stale_after"
+            ),
         )
     stalled = [q for q, n in lag.items() if n > 0 and since_commit.get(q, 0.0) > stale_after]
     if stalled:
         return found(
             "stalled",
-            f"{', '.join(f'{q} is {lag[q]} behind' for q in stalled)} with no commit for more "
-            f"than {stale_after:.0f} s",
+            ", ".join(f"{q} is {lag[q]} {units[q]} behind" for q in stalled)
+            + f" with no commit for more than {stale_after:.0f} s",
         )
-    behind = sum(lag.values())
+    behind = [f"{q} {n} {units[q]}" for q, n in lag.items() if n > 0]
+    unknown = [q for q in queries if q not in lag]
     return found(
         "healthy",
-        f"heartbeat {age:.0f} s ago, " + ("idle, lag 0" if behind == 0 else f"lag {behind}"),
+        f"every query heard within {age:.0f} s; "
+        + (f"lag: {', '.join(behind)}" if behind else "no known lag")
+        + (f" (lag unknown for {', '.join(unknown)})" if unknown else ""),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -197,12 +198,12 @@ def kafka_lag(end: Any, latest: Any) -> int | None:
 _DELTA_SOURCE = re.compile(r"^DeltaSource\[(?P<path>.+)\]$")
 
 
-def delta_version(spark: SparkSession, table_path: str) -> int | None:
+def delta_version(spark: SparkSession, table_path: str, job_fallback: bool = True) -> int | None:
     """The table's latest committed version, or None before its first commit.
 
     Reads the snapshot the Delta sink just committed from Delta's in-memory log cache, which runs
     no Spark job; ``DESCRIBE HISTORY`` (a job on the cores the next micro-batch needs) is the
-    fallback if that internal API is unavailable.
+    fallback if that internal API is unavailable, unless ``job_fallback`` is off (None then).
     """
     try:
         jvm: Any = spark.sparkContext._jvm
@@ -210,7 +211,7 @@ def delta_version(spark: SparkSession, table_path: str) -> int | None:
         version = int(log.unsafeVolatileSnapshot().version())
         return version if version >= 0 else None
     except Py4JError:
-        if not DeltaTable.isDeltaTable(spark, table_path):
+        if not job_fallback or not DeltaTable.isDeltaTable(spark, table_path):
             return None
         return int(DeltaTable.forPath(spark, table_path).history(1).collect()[0]["version"])
 
@@ -257,24 +258,35 @@ class ProgressTracker(StreamingQueryListener):
 
     def _source_lag(self, progress: Any) -> dict[str, Any]:
         """How far the query's (first) source is behind: Kafka records, or Delta versions (the
-        latest version this application's Delta log knows, read without a Spark job)."""
-        sources = progress.sources or []
-        if not sources:
+        latest version this application's Delta log knows, read without a Spark job). Never
+        raises: a listener error must not cost the batch's bookkeeping."""
+        try:
+            sources = progress.sources or []
+            if not sources:
+                return {}
+            end = _parse_offsets(sources[0].endOffset)
+            records = kafka_lag(end, _parse_offsets(sources[0].latestOffset))
+            if records is not None:
+                return {"lag": records, "lag_unit": "records"}
+            match = _DELTA_SOURCE.match(str(sources[0].description or ""))
+            if match is None or self._spark is None:
+                return {}
+            latest = delta_version(self._spark, match["path"], job_fallback=False)
+            versions = delta_lag(end, latest)
+            return {} if versions is None else {"lag": versions, "lag_unit": "versions"}
+        except Exception as exc:
+            print(f"conflux: lag of {progress.name} unknown: {exc}", file=sys.stderr, flush=True)
             return {}
-        end = _parse_offsets(sources[0].endOffset)
-        records = kafka_lag(end, _parse_offsets(sources[0].latestOffset))
-        if records is not None:
-            return {"lag": records, "lag_unit": "records"}
-        match = _DELTA_SOURCE.match(str(sources[0].description or ""))
-        if match is None or self._spark is None:
-            return {}
-        versions = delta_lag(end, delta_version(self._spark, match["path"]))
-        return {} if versions is None else {"lag": versions, "lag_unit": "versions"}
 
     def _beat(self, name: str | None, event: str, **details: Any) -> None:
+        """Write the flow's heartbeat; never raises (a full disk must not stop the stream)."""
         totals = self.totals.get(name or "")
-        if self._heartbeat is not None and totals is not None and name is not None:
+        if self._heartbeat is None or totals is None or name is None:
+            return
+        try:
             self._heartbeat.beat(totals.flow, name, event=event, **details)
+        except Exception as exc:
+            print(f"conflux: heartbeat of {name} not written: {exc}", file=sys.stderr, flush=True)
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
         self._names[str(event.id)] = event.name
@@ -293,8 +305,14 @@ class ProgressTracker(StreamingQueryListener):
             return
         ran = "addBatch" in (progress.durationMs or {})  # an idle trigger runs no batch
         lag = self._source_lag(progress)
-        self._beat(progress.name, "batch" if ran else "no data", **lag,
-                   committed_batch=int(progress.batchId) if ran else None)  # fmt: skip
+        try:
+            self._record(progress, totals, ran, lag)
+        finally:
+            self._beat(progress.name, "batch" if ran else "no data", **lag,
+                       committed_batch=int(progress.batchId) if ran else None)  # fmt: skip
+
+    def _record(self, progress: Any, totals: FlowTotals, ran: bool, lag: dict[str, Any]) -> None:
+        """Update the totals with the batch's commits and hand each to the sink."""
         with self._lock:
             key = (progress.name, int(progress.batchId))
             commits = self._commits.pop(key, []) if ran else []

@@ -452,7 +452,8 @@ class Trigger(_Model):
     )
     restart_delay: Duration = Field(
         default="10 seconds",
-        description="Wait before the first restart; doubled for each further one.",
+        description="Wait before the first restart; Dagster's exponential backoff waits 1, 3, 7, "
+        "... times this before each further one.",
     )
 
     @model_validator(mode="after")
@@ -463,13 +464,23 @@ class Trigger(_Model):
                 "set `mode: available_now` or leave `schedule` out",
                 "schedule",
             )
-        if duration_seconds(self.stale_after) < 30:
+        least = max(30.0, 2 * self.interval_seconds() + 10)
+        if duration_seconds(self.stale_after) < least:
             raise _error(
-                f"{self.stale_after!r} is shorter than 30 seconds: Spark reports an idle query "
-                "only every 10 seconds, so a healthy idle flow would look stalled",
+                f"{self.stale_after!r} is shorter than {least:.0f} seconds: an idle query reports "
+                f"once per trigger (interval {self.interval}) and at most every 10 seconds, so a "
+                "healthy idle flow would look stale; give at least twice the interval plus 10 "
+                "seconds, and more than your longest micro-batch",
                 "stale_after",
             )
         return self
+
+    def interval_seconds(self) -> float:
+        """Seconds in :attr:`interval` (validated by :data:`INTERVAL_RE`)."""
+        match = re.match(r"^(\d+(?:\.\d+)?)\s*(millisecond|second|minute|hour)s?$", self.interval)
+        assert match is not None, self.interval
+        unit = {"millisecond": 0.001, "second": 1, "minute": 60, "hour": 3600}[match[2]]
+        return float(match[1]) * unit
 
 
 # --- silver ---------------------------------------------------------------------------------------

@@ -143,6 +143,12 @@ def stream_watermark_micros(checkpoint: Path) -> int | None:
     return int(metadata.get("batchWatermarkMs", 0)) * 1000
 
 
+def gold_watermark_micros(spec: FlowSpec, settings: Settings, gold: AnyGold) -> int | None:
+    """The watermark of gold table ``gold``'s stateful query (None: it never committed)."""
+    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint(f"gold.{gold.table}")
+    return stream_watermark_micros(checkpoint)
+
+
 def closing_time(day: date, gold: AnyGold) -> datetime:
     """When the stream can change no gold row of ``day`` any more: the next day plus one window
     (windowed aggregates), or plus the join's time bound (joins)."""
@@ -171,8 +177,7 @@ def closed_dates(
 ) -> tuple[date, date] | None:
     """:func:`last_closed_dates` under gold ``table``'s stream watermark (no Spark needed)."""
     gold = gold_of(spec, table)
-    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint(f"gold.{gold.table}")
-    return last_closed_dates(gold, stream_watermark_micros(checkpoint), count)
+    return last_closed_dates(gold, gold_watermark_micros(spec, settings, gold), count)
 
 
 def check_closed(
@@ -280,8 +285,7 @@ def refuse_open_dates(
     """Refuse ``first..last`` unless the stream closed every date (no Spark needed, so a refusal
     is quick); returns the stream's watermark."""
     gold = gold_of(spec, table)
-    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint(f"gold.{gold.table}")
-    watermark = stream_watermark_micros(checkpoint)
+    watermark = gold_watermark_micros(spec, settings, gold)
     check_closed(first, last, gold, watermark, spec.name)
     return watermark
 

@@ -65,7 +65,7 @@ def main() -> None:
             columns = len(schema.value.columns) if schema is not None else 0
             rows, version = (
                 metadata[k].value if k in metadata else "-"
-                for k in ("dagster/row_count", "delta_version")
+                for k in ("dagster/row_count", "table_version")
             )
             print(
                 f"{'/'.join(path):28} rows {rows}, Delta version {version}, {columns} columns"

@@ -161,7 +161,8 @@ def test_silver_tables_are_assets_of_the_flow(tmp_path: Path) -> None:
     assert graph.get(quarantine).parent_keys == {bronze}
     for key in (events, current, quarantine):
         node = graph.get(key)
-        assert node.group_name == "silver"
+        assert node.group_name == "people"  # the flow's domain, by default its name
+        assert node.tags["conflux/layer"] == "silver"
         assert node.kinds == {"spark", "delta"}
     assets_def = defs.get_assets_def(bronze)
     assert assets_def.node_def.name == "flow_people"

@@ -208,7 +208,7 @@ def test_a_materialization_launched_over_graphql_writes_and_describes_every_tabl
         (f"silver_{FLOW}_events", "amount")
     ]
     history = [r.data for r in gold["history"].records]
-    assert history[0]["version"] == gold["delta_version"] and history[0]["operation"]
+    assert history[0]["version"] == gold["table_version"] and history[0]["operation"]
     with ui.instance() as instance:
         checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(
             [AssetCheckKey(AssetKey(["gold", GOLD]), n) for n in GOLD_CHECKS]

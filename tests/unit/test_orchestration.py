@@ -19,14 +19,14 @@ from dagster import (
     DefaultScheduleStatus,
     build_schedule_context,
 )
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from assets.builder import build_definitions
 from assets.flows import restart_policy
 from assets.lineage import column_lineage
-from assets.table_facts import table_metadata
+from assets.table_facts import TableFacts
 from pipelines.gold.backfill import last_closed_dates
-from pipelines.health import HeartbeatWriter, assess, delta_lag, read_health
+from pipelines.health import DELTA_END_INDEX, HeartbeatWriter, assess, delta_lag, read_health
 from pipelines.job_progress import TaskCounts, task_counts
 from pipelines.locations import FlowLocations
 from pipelines.settings import PROJECT_ROOT, load_settings
@@ -173,20 +173,28 @@ def test_last_closed_dates_never_precede_the_first_partition() -> None:
 
 def test_health_of_a_flow_from_its_heartbeat() -> None:
     now = 10_000.0
-    fresh = {"owner": "o", "heartbeat_at": now - 5, "stopped_at": None,
-             "queries": {"q": {"lag": 0, "last_commit_at": now - 500, "started_at": now - 900}}}  # fmt: skip
-    assert assess(fresh, 60, since=now - 900, now=now).state == "healthy"  # idle, lag 0
-    behind = {**fresh, "queries": {"q": {"lag": 40, "last_commit_at": now - 90}}}
-    stalled = assess(behind, 60, since=now - 900, now=now)
+
+    def query(lag: int | None, event_age: float, commit_age: float) -> dict[str, Any]:
+        return {"lag": lag, "lag_unit": "records", "last_event_at": now - event_age,
+                "last_commit_at": now - commit_age, "started_at": now - 900}  # fmt: skip
+
+    def doc(**queries: dict[str, Any]) -> dict[str, Any]:
+        return {"owner": "o", "heartbeat_at": now - 1, "stopped_at": None, "queries": queries,
+                "host": "elsewhere", "pid": "1"}  # fmt: skip
+
+    idle = assess(doc(bronze=query(0, 5, 500)), 60, since=now - 900, now=now)
+    assert (idle.state, idle.healthy) == ("healthy", True)  # idle, lag 0, heard 5 s ago
+    stalled = assess(doc(bronze=query(40, 5, 90)), 60, since=now - 900, now=now)
     assert (stalled.state, stalled.healthy) == ("stalled", False)
-    assert "q is 40 behind" in stalled.reason
-    catching_up = {**fresh, "queries": {"q": {"lag": 40, "last_commit_at": now - 2}}}
-    assert assess(catching_up, 60, since=now - 900, now=now).healthy
-    old = {**fresh, "heartbeat_at": now - 61}
-    assert assess(old, 60, since=now - 900, now=now).state == "stale"
+    assert "bronze is 40 records behind" in stalled.reason
+    assert assess(doc(bronze=query(40, 5, 2)), 60, since=now - 900, now=now).healthy  # catching up
+    one_stuck = assess(doc(bronze=query(0, 1, 500), silver=query(None, 75, 500)), 60,
+                       since=now - 900, now=now)  # fmt: skip
+    assert one_stuck.state == "stale" and "nothing heard from silver for 75 s" in one_stuck.reason
     assert assess(None, 60, since=now - 30, now=now).state == "starting"
     assert assess(None, 60, since=now - 61, now=now).state == "stale"
-    assert assess({**fresh, "stopped_at": now - 1}, 60, since=now - 900, now=now).state == "stopped"
+    stopped = {**doc(bronze=query(0, 5, 5)), "stopped_at": now - 1}
+    assert assess(stopped, 60, since=now - 900, now=now).state == "stopped"
 
 
 def test_the_heartbeat_file_is_this_runs_only(tmp_path: Path) -> None:
@@ -203,7 +211,8 @@ def test_the_heartbeat_file_is_this_runs_only(tmp_path: Path) -> None:
 
 def test_delta_lag_counts_versions_not_fully_read() -> None:
     assert delta_lag({"reservoirVersion": 5, "index": -1}, 7) == 3  # 5, 6 and 7 unread
-    assert delta_lag({"reservoirVersion": 7, "index": 3}, 7) == 0
+    assert delta_lag({"reservoirVersion": 7, "index": 3}, 7) == 1  # 7 read in part
+    assert delta_lag({"reservoirVersion": 7, "index": DELTA_END_INDEX}, 7) == 0
     assert delta_lag({"reservoirVersion": 8, "index": -1}, 7) == 0  # read up to the end
     assert delta_lag(None, 7) is None and delta_lag({"reservoirVersion": 1}, None) is None
 
@@ -246,18 +255,34 @@ def test_column_lineage_follows_the_spec() -> None:
 
 def test_table_facts_read_by_delta_rs(tmp_path: Path) -> None:
     path = tmp_path / "t"
-    assert table_metadata(path) == {}
+    facts = TableFacts(str(path))
+    assert facts.read() == {}
     write_deltalake(str(path), pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]}))
     write_deltalake(str(path), pa.table({"id": [4], "name": ["d"]}), mode="append")
-    facts = table_metadata(path)
-    assert facts["dagster/row_count"].value == 4
-    assert facts["delta_version"].value == 1
-    assert [(c.name, c.type) for c in facts["dagster/column_schema"].columns] == [
+    read = facts.read()
+    assert read["dagster/row_count"].value == 4
+    assert read["table_version"].value == 1
+    assert [(c.name, c.type) for c in read["dagster/column_schema"].columns] == [
         ("id", "long"),
         ("name", "string"),
     ]
-    history = [r.data for r in facts["history"].records]
+    history = [r.data for r in read["history"].records]
     assert [(h["version"], h["rows_written"]) for h in history] == [(1, 1), (0, 3)]
+    write_deltalake(str(path), pa.table({"id": [5], "name": ["e"]}), mode="append")
+    assert facts.read()["dagster/row_count"].value == 5  # the open table follows new commits
+    (path / "_delta_log" / "00000000000000000003.json").write_text("not json")
+    assert "delta-rs could not read" in facts.read()["table_facts"].value  # a note, no error
+
+
+def test_a_table_with_deletion_vectors_is_counted_by_a_scan(tmp_path: Path) -> None:
+    path = str(tmp_path / "dv")
+    write_deltalake(
+        path,
+        pa.table({"id": [1, 2, 3]}),
+        configuration={"delta.enableDeletionVectors": "true"},
+    )
+    DeltaTable(path).delete("id = 2")
+    assert TableFacts(path).read()["dagster/row_count"].value == 2
 
 
 class FakeTracker:
