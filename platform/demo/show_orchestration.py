@@ -1,6 +1,6 @@
 """Print what the Dagster UI shows of the demo: asset groups with owners, the schedules the specs
 declare, what the nightly backfills would ask for now, and the metadata of the latest
-materializations (schema, row count, Delta version, lineage) in the demo's Dagster instance."""
+materializations (schema, row count, table version, lineage) in the demo's Dagster instance."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def main() -> None:
                 for k in ("dagster/row_count", "table_version")
             )
             print(
-                f"{'/'.join(path):28} rows {rows}, Delta version {version}, {columns} columns"
+                f"{'/'.join(path):28} rows {rows}, table version {version}, {columns} columns"
                 + (f", lineage of {len(lineage.value.deps_by_column)} columns" if lineage else "")
             )
 
