@@ -1,8 +1,9 @@
 """Progress of the Spark jobs a batch operation (a backfill) runs, for a person watching it.
 
 A backfill of a date range is one Spark application running a handful of jobs (read, join or
-aggregate, ``replaceWhere`` write); its progress is the share of their tasks done. Spark's
-status tracker gives the tasks of the active stages without any listener; :class:`JobProgress`
+aggregate, ``replaceWhere`` write); its progress is the share of the tasks done among those
+of the jobs planned so far (Spark plans a job only when the previous one needs it, so the total
+grows as the backfill goes). Spark's status tracker gives them without a listener; :class:`JobProgress`
 polls it on a thread and hands a line to ``show``: a progress bar redrawn in place on a
 terminal (``conflux backfill``), a log line every few seconds elsewhere (the Dagster asset).
 """
@@ -36,15 +37,21 @@ class TaskCounts:
         )
 
 
-def task_counts(tracker: Any, seen: dict[int, tuple[int, int]]) -> TaskCounts:
-    """Tasks of every stage seen so far (``seen`` keeps them; a stage no longer active is done)."""
+def task_counts(tracker: Any, seen: dict[int, tuple[int, int]], first_job: int = 0) -> TaskCounts:
+    """Tasks of every stage of the jobs since ``first_job`` (``seen`` keeps them; a stage no
+    longer active is done: finished, or skipped because an earlier job computed it)."""
     active = set(tracker.getActiveStageIds())
-    for stage_id in set(seen) - active:
-        seen[stage_id] = (seen[stage_id][0], seen[stage_id][0])
-    for stage_id in active:
+    stages = set(active)
+    for job_id in tracker.getJobIdsForGroup():
+        info = tracker.getJobInfo(job_id) if job_id >= first_job else None
+        stages.update(info.stageIds if info is not None else ())
+    for stage_id in stages:
         info = tracker.getStageInfo(stage_id)
         if info is not None:
-            seen[stage_id] = (int(info.numTasks), int(info.numCompletedTasks))
+            total = int(info.numTasks)
+            seen[stage_id] = (total, int(info.numCompletedTasks) if stage_id in active else total)
+    for stage_id in set(seen) - active:
+        seen[stage_id] = (seen[stage_id][0], seen[stage_id][0])
     return TaskCounts(
         stages=len(seen),
         tasks=sum(total for total, _ in seen.values()),
@@ -57,17 +64,18 @@ class JobProgress:
     seconds (and once at the end)."""
 
     def __init__(
-        self, spark: SparkSession, label: str, show: Callable[[str], None], every: float = 2.0
+        self, spark: SparkSession, label: str, show: Callable[[str], None], every: float = 1.0
     ) -> None:
         self._tracker = spark.sparkContext.statusTracker()
         self._label, self._show, self._every = label, show, every
         self._seen: dict[int, tuple[int, int]] = {}
+        self._first_job = max(self._tracker.getJobIdsForGroup(), default=-1) + 1
         self._stop = threading.Event()
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="job-progress", daemon=True)
 
     def _line(self) -> str:
-        counts = task_counts(self._tracker, self._seen)
+        counts = task_counts(self._tracker, self._seen, self._first_job)
         return counts.bar(self._label, time.monotonic() - self._started)
 
     def _run(self) -> None:

@@ -286,21 +286,34 @@ def test_a_table_with_deletion_vectors_is_counted_by_a_scan(tmp_path: Path) -> N
 
 
 class FakeTracker:
-    def __init__(self, stages: dict[int, tuple[int, int]]) -> None:
-        self.stages = stages
+    """Spark's status tracker: jobs (id -> stage ids) and stages (id -> tasks, done); active
+    stages are those listed in ``active``."""
 
-    def getActiveStageIds(self) -> list[int]:  # noqa: N802 - Spark's API
-        return list(self.stages)
+    def __init__(self, jobs: dict[int, list[int]], stages: dict[int, tuple[int, int]],
+                 active: set[int]) -> None:  # fmt: skip
+        self.jobs, self.stages, self.active = jobs, stages, active
+
+    def getJobIdsForGroup(self) -> list[int]:  # noqa: N802 - Spark's API
+        return list(self.jobs)
+
+    def getJobInfo(self, job_id: int) -> Any:  # noqa: N802
+        return type("Job", (), {"stageIds": self.jobs[job_id]})()
+
+    def getActiveStageIds(self) -> list[int]:  # noqa: N802
+        return sorted(self.active)
 
     def getStageInfo(self, stage_id: int) -> Any:  # noqa: N802
         total, done = self.stages[stage_id]
-        return type("Info", (), {"numTasks": total, "numCompletedTasks": done})()
+        return type("Stage", (), {"numTasks": total, "numCompletedTasks": done})()
 
 
-def test_the_progress_bar_counts_tasks_of_every_stage_seen() -> None:
+def test_the_progress_bar_counts_tasks_of_every_stage_of_the_jobs_since_it_started() -> None:
+    stages = {0: (9, 9), 1: (4, 4), 2: (10, 3), 3: (2, 0)}
     seen: dict[int, tuple[int, int]] = {}
-    assert task_counts(FakeTracker({1: (4, 4), 2: (10, 3)}), seen) == TaskCounts(2, 14, 7)
-    assert task_counts(FakeTracker({3: (2, 0)}), seen) == TaskCounts(3, 16, 14)  # 1, 2 finished
+    running = FakeTracker({0: [0], 1: [1, 2]}, stages, active={2})
+    assert task_counts(running, seen, first_job=1) == TaskCounts(2, 14, 7)  # job 0 was before
+    later = FakeTracker({0: [0], 1: [1, 2], 2: [3]}, stages, active={3})
+    assert task_counts(later, seen, first_job=1) == TaskCounts(3, 16, 14)  # stage 2 finished
     assert TaskCounts(3, 16, 8).bar("backfill", 12.0) == (
         "backfill [###############...............] 8/16 tasks of 3 stage(s), 12 s"
     )
