@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
 PYTEST_ARGS ?=
 
 .PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status demo ui test test-unit \
-	test-integration test-e2e chaos lint format typecheck bench clean
+	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
 
 help: ## List every target
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -24,11 +24,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-setup: $(STAMP) jars dagster-home browser ## Create the venv, install Python deps, fetch the pinned jars once
+setup: $(STAMP) jars jvm-archive dagster-home browser ## Create the venv, install Python deps, fetch the pinned jars once
 	@echo "setup done: runtime folder $(RUNTIME)/, Dagster home $(DAGSTER_HOME)"
 
 jars: $(STAMP) ## Fetch the pinned JVM jars from Maven Central (skipped when up to date)
 	$(PY) platform/jvm/fetch_jars.py
+
+jvm-archive: jars ## Build the JVM class archive that cuts Spark's start-up (skipped when up to date)
+	$(PY) platform/jvm/class_archive.py
 
 browser: ## Install Debian's chromium for the browser tests (once; as root or with sudo)
 	@command -v chromium >/dev/null && exit 0; \
@@ -96,8 +99,11 @@ typecheck: $(STAMP) ## Run mypy on the packages
 chaos: setup ## Full-scale kill -9 exactly-once runs (100k records; KILL_SEED=N to replay a schedule)
 	CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} $(VENV)/bin/pytest -s tests/integration/test_bronze_exactly_once.py $(PYTEST_ARGS)
 
-bench: setup ## Run the benchmarks (see BENCHMARKS.md)
-	$(PY) bench/run.py
+bench: setup ## Full benchmark run (~40 min): regenerates BENCHMARKS.md and bench/results/
+	$(PY) bench/run.py --write-benchmarks
+
+bench-quick: setup ## Smoke run of the benchmarks (~2 min): every runner, same rows and offsets
+	$(PY) bench/run.py --quick
 
 clean: broker-stop ## Stop the broker and delete the runtime folder (keeps the venv)
 	rm -rf $(RUNTIME)

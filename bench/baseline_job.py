@@ -1,8 +1,11 @@
-"""The baseline of ``bronze_throughput``: a minimal hand-written Kafka → Delta PySpark job.
+"""``spark_default`` of ``bronze_throughput``: the minimal Kafka → Delta PySpark job a user writes.
 
-Same Spark settings as Conflux (``spark_conf(load_settings())``), no Conflux code in the pipeline:
-read the topic, write the raw Kafka columns to a Delta table, availableNow, then exit. Prints
-``baseline: query started`` when the query runs and one ``bench.baseline {json}`` line at the end.
+Spark's defaults, not Conflux's tuned settings: only what Delta's quick start asks for (its SQL
+extension and catalog) and the jars (Delta, the Kafka connector; the same local files Conflux
+uses, so no runner downloads anything). Read the topic, write the raw Kafka columns to a Delta
+table, availableNow, then exit. ``maxOffsetsPerTrigger`` is set only so every runner commits the
+same number of records at a time. Prints ``baseline: query started`` when the query runs and one
+``bench.baseline {json}`` line at the end.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark.sql import SparkSession
 
+from pipelines.jvm import require_jars
 from pipelines.settings import load_settings
-from pipelines.spark import spark_conf
+from pipelines.spark import DELTA_CONF
 
 
 def parse_args() -> argparse.Namespace:
@@ -31,8 +35,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def build_session() -> SparkSession:
-    builder = SparkSession.builder.appName("bench-baseline")
-    for key, value in spark_conf(load_settings()).items():
+    jars = require_jars(load_settings().spark_jars_dir, "Spark (Delta + Kafka connector)")
+    builder = SparkSession.builder.appName("bench-spark-default")
+    builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
+    for key, value in DELTA_CONF.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

@@ -46,3 +46,28 @@ def commits_by_file(table: Path) -> dict[str, Commit]:
         commit, added = read_commit(log_file)
         result.update(dict.fromkeys(added, commit))
     return result
+
+
+@dataclass(frozen=True)
+class DataCommit:
+    """A commit that added rows: when (``commitInfo.timestamp``, ms) and how many."""
+
+    version: int
+    timestamp_ms: int
+    records: int
+
+
+def data_commits(table: Path) -> list[DataCommit]:
+    """Every commit of ``table`` that added rows, in version order (rows from ``add.stats``)."""
+    commits = []
+    for log_file in sorted((table / "_delta_log").glob("*.json")):
+        timestamp, records = None, 0
+        for line in log_file.read_text().splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                timestamp = int(action["commitInfo"]["timestamp"])
+            elif "add" in action and action["add"].get("stats"):
+                records += int(json.loads(action["add"]["stats"])["numRecords"])
+        if records and timestamp is not None:
+            commits.append(DataCommit(int(log_file.stem), timestamp, records))
+    return commits

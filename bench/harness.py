@@ -8,18 +8,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipelines.processes import group_pids
 from pipelines.settings import load_settings, settings_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = PROJECT_ROOT / "bench"
 PYTHON = sys.executable
 POLL_SECONDS = 0.05
+WORKDIR_PREFIX = "conflux-bench-"
 
 
 class BenchError(RuntimeError):
@@ -61,6 +64,15 @@ def median(values: list[float]) -> float:
     return (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def run_id(workdir: Path) -> str:
+    """A suffix unique to this benchmark run (its temporary folder), for topic names: a broker
+    given with ``--bootstrap`` may hold an earlier run's topics."""
+    for part in workdir.parts:
+        if part.startswith(WORKDIR_PREFIX):
+            return part.removeprefix(WORKDIR_PREFIX).lower()
+    return workdir.name.lower()
+
+
 def conflux_env(
     runtime_dir: Path,
     jars_dir: Path,
@@ -97,19 +109,6 @@ def last_json_line(text: str, prefix: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- child processes
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``, read from /proc."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def reap_group(pgid: int, timeout: float = 30.0) -> None:
     """Wait until group ``pgid`` is gone (a JVM may outlive its Python parent), else SIGKILL it."""
     deadline = time.monotonic() + timeout
@@ -121,6 +120,49 @@ def reap_group(pgid: int, timeout: float = 30.0) -> None:
                 return
             deadline = time.monotonic() + 10.0
         time.sleep(0.1)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+class GroupSampler:
+    """Samples a process group every ``interval`` s: peak resident memory and CPU seconds.
+
+    Memory is the sum of the group's resident sets (driver JVM, its executors in local mode, the
+    Python driver; pages shared between them are counted once per process). CPU is user + system
+    time of every process seen, each at its last sample, until the whole group is gone (a JVM may
+    outlive its Python parent): the last ``interval`` before a process exits, and processes living
+    less than ``interval`` (the Spark launcher's ``java``), are not counted.
+    """
+
+    def __init__(self, pgid: int, interval: float = 0.1) -> None:
+        self.pgid, self.interval = pgid, interval
+        self.peak_rss_bytes = 0
+        self.cpu_ticks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu_ticks.values()) / CLOCK_TICKS
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            total = 0
+            for pid in group_pids(self.pgid):
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                self.cpu_ticks[pid] = int(fields[11]) + int(fields[12])
+                total += int(fields[21]) * PAGE_BYTES
+            self.peak_rss_bytes = max(self.peak_rss_bytes, total)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class Child:
@@ -145,6 +187,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self.sampler = GroupSampler(self.process.pid)
 
     def __enter__(self) -> Child:
         return self
@@ -191,6 +234,7 @@ class Child:
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
         reap_group(self.process.pid)
+        self.sampler.stop()
 
 
 def run_python(script: str, args: list[str], env: dict[str, str], log: Path, timeout: float) -> str:

@@ -1,166 +1,274 @@
-"""``e2e_latency``: produce time → visible in bronze, for the runner in continuous mode.
+"""``e2e_latency``: produce → visible in bronze, as a reader sees it, at several event rates.
 
-Events carry their produce time (``produced_ms``). After a graceful stop (SIGTERM), each row is
-matched to the Delta commit that added its data file; that commit's timestamp is when the row
-became visible. ``ingested_at`` (the micro-batch start) splits the latency into the wait for a
-batch to start and the batch itself.
+A reader polls the table with delta-rs (``DeltaTable.update_incremental()`` every
+:data:`POLL_SECONDS`) and notes when each new version appears; a row's latency is that moment
+minus its Kafka timestamp (CreateTime, stamped by the producer when it sends). The table first
+receives ``table_rows`` records (the target is stated for a table of at least 1M rows, so every
+commit pays for a big table's log), then events are produced at each rate in turn: a warm-up, then
+the measured seconds; the runner must catch up before the next rate, else the rate is reported as
+where it broke. Runners: ``conflux`` (the bronze flow in continuous mode with the given trigger
+interval) and ``deltars`` (``bench/python_writer.py`` committing what arrived at least every
+interval), each on a topic of its own.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import signal
+import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import yaml
 
 from bench.harness import (
+    BENCH_DIR,
     PYTHON,
     BenchError,
     Child,
     Outcome,
     Row,
     conflux_env,
-    last_json_line,
-    median,
-    run_python,
+    run_id,
     say,
 )
-from bench.orders import Pace, create_topic, produce_one, produce_paced, timed_event
+from bench.orders import (
+    Pace,
+    create_topic,
+    delete_topic,
+    order_event,
+    produce_fast,
+    produce_paced,
+)
 
-TOPIC = "bench_latency"
 FLOW = "bench_latency"
 TABLE = "bronze_bench_latency"
-PROGRESS = "conflux.progress "
+POLL_SECONDS = 0.05
+CATCH_UP_SECONDS = 120.0
+LATENCY_RUNNERS = ("conflux", "deltars")
+PERCENTILES = (50, 95, 99)
+UNITS_PER_MS = {"s": 1e-3, "ms": 1.0, "us": 1e3, "ns": 1e6}
 
 
-def latency_spec(interval: str) -> dict[str, Any]:
-    return {
-        "name": FLOW,
-        "source": {"kind": "kafka", "topics": [TOPIC], "starting_offsets": "earliest"},
-        "target": {"table": TABLE, "partition_by": ["ingest_date"]},
-        "trigger": {"mode": "continuous", "interval": interval},
-    }
+@dataclass(frozen=True)
+class Plan:
+    rates: tuple[float, ...]
+    seconds: float
+    warmup: float
+    interval_ms: int
+    table_rows: int
+    runners: tuple[str, ...] = LATENCY_RUNNERS
 
 
-def progress(output: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(line.removeprefix(PROGRESS))
-        for line in output.splitlines()
-        if line.startswith(PROGRESS)
-    ]
+@dataclass
+class Phase:
+    """One rate: what was produced and what the reader saw of it."""
+
+    rate: float
+    produced: int
+    kept_up: bool
+    catch_up_seconds: float
+    latencies_ms: dict[str, float] = field(default_factory=dict)
+    #: The 0th, 1st, ..., 100th percentile: the distribution, for the plot.
+    quantiles_ms: list[float] = field(default_factory=list)
+    rows_seen: int = 0
+    commits: int = 0
 
 
-def records_read(output: str) -> int:
-    """Records of the topic the runner has committed so far (its latest end offsets)."""
-    ends = [b["end_offsets"].get(TOPIC, {}) for b in progress(output) if b["end_offsets"]]
-    return max((sum(e.values()) for e in ends), default=0)
+class VersionPoller:
+    """A delta-rs reader in a thread: when each version of the table was first seen, rows so far."""
+
+    def __init__(self, table: Path) -> None:
+        self.table = table
+        self.seen: dict[int, float] = {}
+        self.rows = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from deltalake import DeltaTable
+
+        table, last = None, -1
+        try:
+            while not self._stop.wait(POLL_SECONDS):
+                if table is None:
+                    if not any((self.table / "_delta_log").glob("*.json")):
+                        continue  # no commit yet
+                    table = DeltaTable(str(self.table))
+                else:
+                    table.update_incremental()
+                version = table.version()
+                if version > last:
+                    now = time.time()
+                    for new in range(last + 1, version + 1):
+                        self.seen[new] = now
+                        self.rows += sum(rows for _, rows in _added(self.table, new))
+                    last = version
+        except BaseException as exc:  # reported by the harness thread
+            self.error = exc
+
+    def wait_rows(self, rows: int, timeout: float) -> float | None:
+        """Seconds until the table held ``rows`` rows, or None after ``timeout``."""
+        started = time.monotonic()
+        while self.rows < rows:
+            if self.error is not None:
+                raise BenchError(f"the delta-rs reader failed: {self.error}")
+            if time.monotonic() - started > timeout:
+                return None
+            time.sleep(POLL_SECONDS)
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
-def wait_caught_up(child: Child, expected: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while records_read(child.output()) < expected:
-        if child.process.poll() is not None:
-            raise BenchError(f"the runner exited {child.process.returncode}:\n{child.tail()}")
-        if time.monotonic() >= deadline:
-            raise BenchError(f"the runner did not read {expected} records in {timeout:.0f} s")
-        time.sleep(0.2)
+def _added(table: Path, version: int) -> list[tuple[str, int]]:
+    """(data file, rows) of what commit ``version`` added (row counts from its stats)."""
+    log = table / "_delta_log" / f"{version:020d}.json"
+    result = []
+    for line in log.read_text().splitlines():
+        action = json.loads(line)
+        if "add" in action and action["add"].get("stats"):
+            rows = int(json.loads(action["add"]["stats"])["numRecords"])
+            result.append((unquote(action["add"]["path"]), rows))
+    return result
 
 
-def run_runner(
-    runtime: Path, jars_dir: Path, bootstrap: str, pace: Pace
-) -> tuple[list[dict[str, Any]], float]:
-    """Run the flow while producing; return (the batches since warm, graceful stop seconds)."""
-    spec = runtime / "flows" / f"{FLOW}.yaml"
-    command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec)]
-    env = conflux_env(runtime, jars_dir, bootstrap)
-    with Child(command, env, runtime / "runner.log") as child:
-        child.wait_for_text("conflux: started flows", 600)
-        produce_one(bootstrap, TOPIC, *timed_event(-1, time.time()))
-        wait_caught_up(child, 1, 300)
-        warm = len(progress(child.output()))
-        say(f"latency: runner up; producing {pace.rate:g} events/s for "
-            f"{pace.warmup:g} s (warm-up) + {pace.seconds:g} s")  # fmt: skip
-        events = produce_paced(bootstrap, TOPIC, pace)
-        wait_caught_up(child, events + 1, 300)
-        stopping = time.monotonic()
-        child.process.send_signal(signal.SIGTERM)  # the driver only: it stops gracefully
-        child.wait_ok(300)
-        stop_seconds = time.monotonic() - stopping
-        batches = progress(child.output())[warm:]
-    return batches, stop_seconds
+def latency_key(rate: float, measured: bool, index: int) -> bytes:
+    return f"{'m' if measured else 'w'}:{rate:g}:{index}".encode()
 
 
-def run_latency(
-    workdir: Path, jars_dir: Path, bootstrap: str, pace: Pace, interval: str
-) -> Outcome:
-    runtime = workdir / "latency"
-    spec = runtime / "flows" / f"{FLOW}.yaml"
-    spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(yaml.safe_dump(latency_spec(interval)))
-    create_topic(bootstrap, TOPIC, partitions=3)
-    batches, stop_seconds = run_runner(runtime, jars_dir, bootstrap, pace)
-    say("latency: reading the bronze table and its commits with Spark")
-    table = runtime / "lake" / "bronze" / TABLE
-    env = conflux_env(workdir / "latency-check", jars_dir)
-    output = run_python("table_checks.py", ["latency", "--table", str(table)], env,
-                        workdir / "latency-check.log", 900)  # fmt: skip
-    report = last_json_line(output, "bench.latency ")
-    if report["count"] != pace.measured_events:
-        raise BenchError(
-            f"bronze holds {report['count']} measured events, {pace.measured_events} were produced"
-        )
-    return _outcome(report, batches, stop_seconds, pace, interval)
+def paced_event(pace: Pace) -> Any:
+    def make(index: int, now: float) -> tuple[bytes, bytes]:
+        measured = index >= pace.warmup_events
+        _, value = order_event(index, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+        return latency_key(pace.rate, measured, index), value
+
+    return make
 
 
-def _outcome(
-    report: dict[str, Any],
-    batches: list[dict[str, Any]],
-    stop_seconds: float,
-    pace: Pace,
-    interval: str,
-) -> Outcome:
-    durations = [int(b["batch_duration_ms"]) for b in batches]
-    batch_stats = {
-        "batches": len(durations),
-        "median_batch_ms": median([float(d) for d in durations]) if durations else 0.0,
-        "max_batch_ms": max(durations, default=0),
-    }
-    data = {**report, **batch_stats, "graceful_stop_seconds": stop_seconds,
-            "pace": asdict(pace), "interval": interval}  # fmt: skip
-    return Outcome(_rows(report, batch_stats, stop_seconds, pace, interval), data)
+def _command(runner: str, plan: Plan, runtime: Path, topic: str, bootstrap: str) -> list[str]:
+    if runner == "conflux":
+        spec = runtime / "flows" / f"{FLOW}.yaml"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(yaml.safe_dump({
+            "name": FLOW,
+            "source": {"kind": "kafka", "topics": [topic], "starting_offsets": "earliest"},
+            "target": {"table": TABLE, "partition_by": ["ingest_date"]},
+            "trigger": {"mode": "continuous", "interval": f"{plan.interval_ms} milliseconds"},
+        }))  # fmt: skip
+        return [PYTHON, "-m", "pipelines.runner", "--spec", str(spec)]
+    command = [PYTHON, str(BENCH_DIR / "python_writer.py"), "--mode", "deltars"]
+    command += ["--bootstrap", bootstrap, "--topic", topic, "--table", str(runtime / "table")]
+    return [*command, "--max-wait-ms", str(plan.interval_ms), "--commit-records", "250000"]
 
 
-def _ms(stats: dict[str, float]) -> str:
-    return " / ".join(f"{stats[k]:,.0f}" for k in ("p50", "p95", "p99", "max"))
+def run_runner(runner: str, plan: Plan, workdir: Path, jars_dir: Path, bootstrap: str) -> dict:
+    runtime = workdir / f"latency-{runner}"
+    topic = f"bench_latency_{runner}_{run_id(workdir)}"
+    table = runtime / "lake" / "bronze" / TABLE if runner == "conflux" else runtime / "table"
+    create_topic(bootstrap, topic, partitions=3)
+    say(f"latency {runner}: {plan.table_rows:,} records first, so the table holds them")
+    produce_fast(bootstrap, topic, plan.table_rows)
+    command = _command(runner, plan, runtime, topic, bootstrap)
+    phases: list[Phase] = []
+    poller = VersionPoller(table)
+    try:
+        with Child(
+            command, conflux_env(runtime, jars_dir, bootstrap), runtime / "run.log"
+        ) as child:
+            if poller.wait_rows(plan.table_rows, 600) is None:
+                raise BenchError(f"{runner} did not write {plan.table_rows} rows in 600 s:\n"
+                                 f"{child.tail()}")  # fmt: skip
+            expected = plan.table_rows
+            for rate in plan.rates:
+                pace = Pace(rate, plan.seconds, plan.warmup)
+                say(f"latency {runner}: {rate:g} events/s, {plan.warmup:g} s warm-up + "
+                    f"{plan.seconds:g} s")  # fmt: skip
+                expected += produce_paced(bootstrap, topic, pace, paced_event(pace))
+                caught_up = poller.wait_rows(expected, CATCH_UP_SECONDS)
+                phases.append(Phase(rate, pace.measured_events, caught_up is not None,
+                                    caught_up if caught_up is not None else CATCH_UP_SECONDS))  # fmt: skip
+                if caught_up is None:
+                    say(f"  {runner} did not catch up within {CATCH_UP_SECONDS:g} s: stopping here")
+                    break
+            child.process.send_signal(signal.SIGTERM)
+            child.wait_ok(300)
+            peak_rss_mb = child.sampler.peak_rss_bytes / 1e6
+    finally:
+        poller.stop()
+        delete_topic(bootstrap, topic)
+    measure(table, poller.seen, phases)
+    return {"runner": runner, "phases": [asdict(p) for p in phases], "peak_rss_mb": peak_rss_mb}
 
 
-def _rows(
-    report: dict[str, Any],
-    batches: dict[str, Any],
-    stop_seconds: float,
-    pace: Pace,
-    interval: str,
-) -> list[Row]:
-    setup = (
-        f"{report['count']:,} events at {pace.rate:g}/s for {pace.seconds:g} s after a "
-        f"{pace.warmup:g} s warm-up at the same rate; trigger every {interval}"
-    )
-    return [
-        Row("e2e_latency", "produce → Delta commit visible, p50 / p95 / p99 / max",
-            f"{_ms(report['visible_ms'])} ms", setup),
-        Row("e2e_latency", "  same, to the commit file's mtime instead of commitInfo.timestamp",
-            f"{_ms(report['log_file_mtime_ms'])} ms", "p50 / p95 / p99 / max"),
-        Row("e2e_latency", "  of which produce → micro-batch start (ingested_at)",
-            f"{_ms(report['wait_for_batch_ms'])} ms", "p50 / p95 / p99 / max"),
-        Row("e2e_latency", "  of which micro-batch start → commit",
-            f"{_ms(report['batch_start_to_commit_ms'])} ms", "p50 / p95 / p99 / max"),
-        Row("e2e_latency", "micro-batches while producing",
-            f"{batches['batches']}",
-            f"{report['commits']} commits hold the events; batch duration median "
-            f"{batches['median_batch_ms']:,.0f} ms, max {batches['max_batch_ms']:,} ms"),
-        Row("e2e_latency", "graceful stop (SIGTERM → exit 0)", f"{stop_seconds:.1f} s", ""),
-    ]  # fmt: skip
+def measure(table: Path, seen: dict[int, float], phases: list[Phase]) -> None:
+    """Fill each phase's latency percentiles from the data files of every version seen."""
+    latencies: dict[str, list[float]] = {f"{p.rate:g}": [] for p in phases}
+    commits: dict[str, set[int]] = {key: set() for key in latencies}
+    for version, seen_at in sorted(seen.items()):
+        for path, _ in _added(table, version):
+            data = pq.read_table(table / path, columns=["key", "kafka_timestamp"])
+            keys = pc.cast(data["key"], "string").to_pylist()
+            stamps = data["kafka_timestamp"]
+            per_ms = UNITS_PER_MS[stamps.type.unit]
+            stamps = pc.cast(stamps, pa.int64()).to_pylist()
+            for key, stamp in zip(keys, stamps, strict=True):
+                if not key or not key.startswith("m:"):
+                    continue
+                rate = key.split(":")[1]
+                millis = stamp / per_ms
+                if rate in latencies:
+                    latencies[rate].append(seen_at * 1000 - millis)
+                    commits[rate].add(version)
+    for phase in phases:
+        values = sorted(latencies[f"{phase.rate:g}"])
+        phase.rows_seen, phase.commits = len(values), len(commits[f"{phase.rate:g}"])
+        if phase.kept_up and phase.rows_seen != phase.produced:
+            raise BenchError(f"{table}: {phase.rows_seen} measured rows at {phase.rate:g}/s, "
+                             f"{phase.produced} produced")  # fmt: skip
+        if values:
+            phase.latencies_ms = {f"p{p}": percentile(values, p) for p in PERCENTILES}
+            phase.latencies_ms["max"] = values[-1]
+            phase.quantiles_ms = [values[0], *(percentile(values, q) for q in range(1, 101))]
+
+
+def percentile(ordered: list[float], pct: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    rank = max(1, min(len(ordered), math.ceil(pct / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def run_latency(workdir: Path, jars_dir: Path, bootstrap: str, plan: Plan) -> Outcome:
+    results = [run_runner(r, plan, workdir, jars_dir, bootstrap) for r in plan.runners]
+    data = {"plan": asdict(plan), "poll_seconds": POLL_SECONDS, "runners": results}
+    return Outcome(_rows(results, plan), data)
+
+
+def _rows(results: list[dict[str, Any]], plan: Plan) -> list[Row]:
+    rows = []
+    for result in results:
+        for phase in result["phases"]:
+            stats = phase["latencies_ms"]
+            value = " / ".join(
+                f"{stats.get(k, float('nan')):,.0f}" for k in ("p50", "p95", "p99", "max")
+            )
+            notes = (f"{phase['rows_seen']:,} events in {phase['commits']} commits; table ≥ "
+                     f"{plan.table_rows:,} rows; interval {plan.interval_ms} ms")  # fmt: skip
+            if not phase["kept_up"]:
+                notes += f"; did NOT catch up within {CATCH_UP_SECONDS:g} s after producing"
+            rows.append(Row("e2e_latency",
+                            f"{result['runner']} at {phase['rate']:g} events/s: "
+                            "produce → seen by a delta-rs reader, p50 / p95 / p99 / max",
+                            f"{value} ms", notes))  # fmt: skip
+    return rows

@@ -67,7 +67,14 @@ def _jar(folder: Path, prefix: str) -> str:
 def versions(jars_dir: Path) -> dict[str, str]:
     import confluent_kafka
 
+    from pipelines.jvm import class_archive
+
+    archive = class_archive(jars_dir)
     return {
+        "JVM class archive (Conflux drivers only)": (
+            f"{archive} ({archive.stat().st_size / 1e6:.0f} MB)" if archive else "none"
+        ),
+        "deltalake (delta-rs)": _package("deltalake"),
         "pyspark": _package("pyspark"),
         "delta-spark": _package("delta-spark"),
         "Kafka broker jar": _jar(jars_dir / "kafka", "kafka_2.13-"),

@@ -59,6 +59,12 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
         future.result(timeout=60)
 
 
+def delete_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    for future in admin.delete_topics([topic]).values():
+        future.result(timeout=60)
+
+
 def topic_size(bootstrap: str, topic: str, partitions: int = 3) -> int:
     """Records in ``topic``: the sum of its partitions' high watermarks."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks"})

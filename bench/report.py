@@ -40,10 +40,14 @@ def markdown_block(meta: dict[str, Any], outcomes: dict[str, Outcome]) -> str:
     return "\n\n".join(parts)
 
 
-def write_json(path: Path, meta: dict[str, Any], outcomes: dict[str, Outcome]) -> None:
-    document = {
+def document(meta: dict[str, Any], outcomes: dict[str, Outcome]) -> dict[str, Any]:
+    """Everything a run measured, as plain data (what ``--json`` writes)."""
+    return json.loads(json.dumps({
         **meta,
         "results": {name: outcome.data for name, outcome in outcomes.items()},
         "rows": [asdict(row) for outcome in outcomes.values() for row in outcome.rows],
-    }
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    }, default=str))  # fmt: skip
+
+
+def write_json(path: Path, meta: dict[str, Any], outcomes: dict[str, Outcome]) -> None:
+    path.write_text(json.dumps(document(meta, outcomes), indent=2) + "\n")

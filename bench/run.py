@@ -27,23 +27,25 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import PROJECT_ROOT, BenchError, Outcome, say
+from bench.benchmarks_md import write as write_benchmarks
+from bench.harness import PROJECT_ROOT, WORKDIR_PREFIX, BenchError, Outcome, say
 from bench.join import Plan as JoinPlan
 from bench.join import run_gold_join
-from bench.latency import run_latency
+from bench.latency import LATENCY_RUNNERS, run_latency
+from bench.latency import Plan as LatencyPlan
 from bench.machine import load_average, machine_facts, versions
 from bench.merge import parse_conf, plan_of, run_merge_throughput
 from bench.optimize import Plan, run_optimize_reads
 from bench.orders import Pace
 from bench.own_broker import broker_outcome, start_broker, stop_broker
-from bench.report import RESULTS_HEADER, markdown_block, write_json
+from bench.report import RESULTS_HEADER, document, markdown_block, write_json
 from bench.rules import Plan as RulesPlan
 from bench.rules import run_rules_throughput
 from bench.session_start import run_session_start
 from bench.silver_latency import run_silver_latency
 from bench.stateful import Plan as StatefulPlan
 from bench.stateful import run_gold_stateful
-from bench.throughput import Setup, run_throughput
+from bench.throughput import RUNNERS, Setup, run_throughput
 from pipelines.settings import load_settings
 
 BENCHMARKS = (
@@ -70,27 +72,92 @@ ON_REQUEST = {
 NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
 
 
+#: What --quick changes (options given on the command line win).
+QUICK: dict[str, Any] = {
+    "records": [20_000],
+    "repeats": 1,
+    "commit_records": 5_000,
+    "session_runs": 1,
+    "latency_seconds": 5.0,
+    "latency_warmup": 2.0,
+    "latency_rates": [500.0, 2_000.0],
+    "latency_table_rows": 20_000,
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run the Conflux benchmarks.")
-    parser.add_argument("--records", type=int, default=1_000_000, help="records for throughput")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 20,000 records once per runner, short latency phases (checks results, "
+        "not speed)",
+    )
+    parser.add_argument(
+        "--records",
+        type=int,
+        nargs="+",
+        default=[1_000_000, 10_000_000],
+        help="bronze_throughput: topic sizes, each read by every runner",
+    )
+    parser.add_argument(
+        "--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS), help="bronze_throughput"
+    )
+    parser.add_argument(
+        "--bootstrap", help="use this Kafka broker instead of starting the benchmark's own"
+    )
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these benchmarks")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--max-offsets", type=int, default=250_000, help="maxOffsetsPerTrigger")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each throughput pipeline")
+    parser.add_argument(
+        "--commit-records",
+        type=int,
+        default=250_000,
+        help="records per commit for every runner (Spark's maxOffsetsPerTrigger)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each throughput runner")
     parser.add_argument("--session-runs", type=int, default=3, help="Spark session start runs")
-    parser.add_argument("--latency-seconds", type=float, default=60.0, help="latency: seconds")
-    parser.add_argument("--latency-rate", type=float, default=500.0, help="latency: events/s")
-    parser.add_argument("--latency-interval", default="500 milliseconds", help="trigger interval")
+    parser.add_argument(
+        "--latency-seconds", type=float, default=30.0, help="latency: seconds measured per rate"
+    )
+    parser.add_argument(
+        "--latency-rates",
+        type=float,
+        nargs="+",
+        default=[500.0, 5_000.0, 20_000.0],
+        help="e2e_latency: events/s, one after the other",
+    )
+    parser.add_argument(
+        "--latency-table-rows",
+        type=int,
+        default=1_000_000,
+        help="e2e_latency: rows in the table before the rates are measured",
+    )
+    parser.add_argument(
+        "--latency-runners",
+        nargs="+",
+        choices=LATENCY_RUNNERS,
+        default=list(LATENCY_RUNNERS),
+        help="e2e_latency: runners",
+    )
+    parser.add_argument(
+        "--latency-interval-ms",
+        type=int,
+        default=500,
+        help="e2e_latency: Conflux's trigger interval; the delta-rs writer's longest wait",
+    )
+    parser.add_argument(
+        "--silver-pace",
+        type=float,
+        nargs=2,
+        default=[500.0, 60.0],
+        metavar=("RATE", "SECONDS"),
+        help="silver_latency: events/s and seconds measured",
+    )
     parser.add_argument(
         "--latency-warmup",
         type=float,
         default=10.0,
         help="latency: seconds produced at the same rate before measuring (excluded)",
-    )
-    parser.add_argument(
-        "--event-log",
-        action="store_true",
-        help="throughput: write Spark event logs and report where the time went (diagnostic)",
     )
     parser.add_argument(
         "--merge-keys",
@@ -183,7 +250,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--join-rounds", type=int, default=10, help="gold_join: appends, each run to its end"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--write-benchmarks",
+        action="store_true",
+        help="regenerate BENCHMARKS.md and bench/results/ (plots, JSON) from this run",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        if args.write_benchmarks:
+            parser.error("--quick checks results, not speed: it cannot regenerate BENCHMARKS.md")
+        for name, value in QUICK.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+    return args
 
 
 class Bench:
@@ -225,33 +304,39 @@ class Bench:
         self.record("spark_session_start", run_session_start(self.workdir, self.jars_dir, runs))
 
     def with_broker(self) -> None:
+        if self.args.bootstrap:
+            self.on_broker(self.args.bootstrap)
+            return
         runtime = self.workdir / "broker"
         try:
             broker = start_broker(runtime, self.jars_dir)
             if "broker_start" in self.selected:
                 self.record("broker_start", broker_outcome(broker))
-            if "bronze_throughput" in self.selected:
-                self.throughput(broker.bootstrap)
-            if "e2e_latency" in self.selected:
-                self.latency(broker.bootstrap)
-            if "silver_latency" in self.selected:
-                self.silver_latency(broker.bootstrap)
+            self.on_broker(broker.bootstrap)
         finally:
             stop_broker(runtime, self.jars_dir)
+
+    def on_broker(self, bootstrap: str) -> None:
+        if "bronze_throughput" in self.selected:
+            self.throughput(bootstrap)
+        if "e2e_latency" in self.selected:
+            self.latency(bootstrap)
+        if "silver_latency" in self.selected:
+            self.silver_latency(bootstrap)
 
     def throughput(self, bootstrap: str) -> None:
         a = self.args
         workdir = self.workdir / "throughput"
-        setup = Setup(workdir, self.jars_dir, bootstrap, a.max_offsets, a.event_log)
+        setup = Setup(workdir, self.jars_dir, bootstrap, a.commit_records, tuple(a.runners))
         self.record("bronze_throughput", run_throughput(setup, a.records, a.repeats))
 
     def latency(self, bootstrap: str) -> None:
         a = self.args
-        outcome = run_latency(
-            self.workdir, self.jars_dir, bootstrap,
-            Pace(a.latency_rate, a.latency_seconds, a.latency_warmup), a.latency_interval,
+        plan = LatencyPlan(
+            tuple(a.latency_rates), a.latency_seconds, a.latency_warmup,
+            a.latency_interval_ms, a.latency_table_rows, tuple(a.latency_runners),
         )  # fmt: skip
-        self.record("e2e_latency", outcome)
+        self.record("e2e_latency", run_latency(self.workdir, self.jars_dir, bootstrap, plan))
 
     def merge(self) -> None:
         a = self.args
@@ -272,7 +357,7 @@ class Bench:
         a = self.args
         outcome = run_silver_latency(
             self.workdir, self.jars_dir, bootstrap,
-            Pace(a.latency_rate, a.latency_seconds, a.latency_warmup),
+            Pace(a.silver_pace[0], a.silver_pace[1], a.latency_warmup),
             a.silver_designs, a.silver_intervals,
         )  # fmt: skip
         self.record("silver_latency", outcome)
@@ -292,7 +377,7 @@ def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
 def run(args: argparse.Namespace, meta: dict[str, Any]) -> Bench:
     jars_dir = load_settings().jars_dir
     meta["versions"] = versions(jars_dir)
-    workdir = Path(tempfile.mkdtemp(prefix="conflux-bench-"))
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
     say(f"working folder {workdir}")
     bench = Bench(args, workdir, jars_dir)
     try:
@@ -328,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + markdown_block(meta, bench.outcomes), flush=True)
     if args.json:
         write_json(args.json, meta, bench.outcomes)
+    if args.write_benchmarks:
+        write_benchmarks(document(meta, bench.outcomes), PROJECT_ROOT / "BENCHMARKS.md")
+        say("wrote BENCHMARKS.md and bench/results/")
     return 0
 
 

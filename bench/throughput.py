@@ -1,19 +1,34 @@
-"""``bronze_throughput``: Conflux's bronze flow against a minimal PySpark job, on the same data.
+"""``bronze_throughput``: four runners over the same topic, side by side.
 
-Both run as fresh processes with the same Spark settings, the same availableNow trigger and the
-same ``maxOffsetsPerTrigger``, alternately (A B A B ...), each into its own new table.
+* ``conflux``: Conflux's bronze flow (``python -m pipelines.runner``, availableNow), spec shaped like
+  ``flows/orders.yaml``;
+* ``spark_default``: the minimal hand-written PySpark Kafka → Delta job a user writes, with Spark's
+  defaults (``bench/baseline_job.py``);
+* ``deltars``: one Python process, confluent-kafka + delta-rs (``bench/python_writer.py``);
+* ``consume``: the same consume loop writing nothing: the ceiling.
+
+Every runner commits the same number of records at a time (``--commit-records``: Spark's
+``maxOffsetsPerTrigger``, the writer's batch), runs as a fresh process (cold start timed from
+exec) into a new table; each repetition runs every runner once, in the order given. Per run: wall time, cold start (exec → the
+first commit holding rows, read from the table's ``_delta_log``), steady state (records of the
+commits after the first over the time between the first commit and the last: start-up and the
+first batch's warm-up excluded), peak resident memory of the process group and CPU seconds. Every
+table is then read back with delta-rs: exactly the topic's records, each (partition, offset) once.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import yaml
 
-from bench.event_log import PHASES, breakdown, event_log_conf
+from bench.delta_commits import data_commits
 from bench.harness import (
     BENCH_DIR,
     PYTHON,
@@ -24,43 +39,16 @@ from bench.harness import (
     conflux_env,
     last_json_line,
     median,
-    run_python,
+    run_id,
     say,
 )
-from bench.orders import ProduceStats, create_topic, produce_fast
+from bench.orders import ProduceStats, create_topic, delete_topic, produce_fast
 
-TOPIC = "bench_orders"
 FLOW = "bench_orders"
 TABLE = "bronze_bench_orders"
 RUN_TIMEOUT = 3600.0
-PIPELINES = ("conflux", "baseline")
-
-
-@dataclass
-class PipelineRun:
-    """One timed run of one pipeline over the whole topic."""
-
-    pipeline: str
-    index: int
-    table: str
-    wall_seconds: float
-    startup_seconds: float
-    batches: list[dict[str, int]] = field(default_factory=list)
-    rows_verified: int | None = None
-    distinct_offsets: int | None = None
-    breakdown: dict[str, float] | None = None
-
-    @property
-    def data_batches(self) -> list[dict[str, int]]:
-        return [b for b in self.batches if b["input_rows"] > 0]
-
-    @property
-    def batch_seconds(self) -> float:
-        return sum(b["batch_duration_ms"] for b in self.data_batches) / 1000
-
-    @property
-    def input_rows(self) -> int:
-        return sum(b["input_rows"] for b in self.data_batches)
+RUNNERS = ("conflux", "spark_default", "deltars", "consume")
+WRITER_RESULT = "bench.writer "
 
 
 @dataclass(frozen=True)
@@ -68,225 +56,295 @@ class Setup:
     workdir: Path
     jars_dir: Path
     bootstrap: str
-    max_offsets: int
-    event_log: bool = False
-
-    def env(self, runtime: Path, bootstrap: str | None = None) -> dict[str, str]:
-        extra = event_log_conf(runtime / "events") if self.event_log else None
-        return conflux_env(runtime, self.jars_dir, bootstrap, extra)
-
-    def add_breakdown(self, run: PipelineRun, runtime: Path) -> PipelineRun:
-        if self.event_log:
-            run.breakdown = breakdown(runtime / "events")
-        return run
+    commit_records: int
+    runners: tuple[str, ...] = RUNNERS
+    keep_tables: bool = False
 
 
-def conflux_spec(max_offsets: int) -> dict[str, Any]:
+@dataclass
+class Run:
+    """One timed run of one runner over the whole topic."""
+
+    runner: str
+    records: int
+    index: int
+    wall_seconds: float
+    cold_start_seconds: float
+    steady_records_per_second: float
+    commits: int
+    peak_rss_mb: float
+    cpu_seconds: float
+    query_started_seconds: float | None = None
+    rows_verified: int = 0
+    offsets_verified: int = 0
+    #: Per partition: [partition, first offset, last offset, records]; the same for every runner.
+    offsets: list[list[int]] = field(default_factory=list)
+    commit_seconds: list[float] = field(default_factory=list)
+    commit_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.wall_seconds
+
+    @property
+    def cpu_seconds_per_million(self) -> float:
+        return self.cpu_seconds / (self.records / 1e6)
+
+
+def topic_of(setup: Setup, records: int) -> str:
+    return f"bench_orders_{records}_{run_id(setup.workdir)}"
+
+
+def conflux_spec(topic: str, commit_records: int) -> dict[str, Any]:
     """The shipped ``flows/orders.yaml`` shape, on the benchmark topic."""
     return {
         "name": FLOW,
         "source": {
             "kind": "kafka",
-            "topics": [TOPIC],
+            "topics": [topic],
             "starting_offsets": "earliest",
-            "max_offsets_per_trigger": max_offsets,
+            "max_offsets_per_trigger": commit_records,
         },
         "target": {"table": TABLE, "partition_by": ["ingest_date"]},
         "trigger": {"mode": "available_now"},
     }
 
 
-def run_conflux(setup: Setup, index: int) -> PipelineRun:
-    runtime = setup.workdir / f"conflux-{index}"
-    spec = runtime / "flows" / f"{FLOW}.yaml"
-    spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(yaml.safe_dump(conflux_spec(setup.max_offsets)))
-    command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec)]
-    command += ["--trigger", "available_now"]
-    with Child(command, setup.env(runtime, setup.bootstrap), runtime / "runner.log") as child:
-        startup = child.wait_for_text("conflux: started flows", RUN_TIMEOUT)
+def _command(
+    setup: Setup, runner: str, topic: str, runtime: Path, table: Path
+) -> tuple[list[str], str]:
+    """The runner's command line and the text it prints when its query / loop started."""
+    if runner == "conflux":
+        spec = runtime / "flows" / f"{FLOW}.yaml"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(yaml.safe_dump(conflux_spec(topic, setup.commit_records)))
+        command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec)]
+        return [*command, "--trigger", "available_now"], "conflux: started flows"
+    common = ["--bootstrap", setup.bootstrap, "--topic", topic]
+    if runner == "spark_default":
+        command = [PYTHON, str(BENCH_DIR / "baseline_job.py"), *common, "--table", str(table)]
+        command += ["--checkpoint", str(runtime / "checkpoint")]
+        return [*command, "--max-offsets", str(setup.commit_records)], "baseline: query started"
+    command = [PYTHON, str(BENCH_DIR / "python_writer.py"), "--mode", runner, *common]
+    command += ["--table", str(table), "--until-end"]
+    return [*command, "--commit-records", str(setup.commit_records)], "bench.writer started"
+
+
+def run_one(setup: Setup, runner: str, records: int, index: int) -> Run:
+    runtime = setup.workdir / f"{runner}-{records}-{index}"
+    table = runtime / "lake" / "bronze" / TABLE if runner == "conflux" else runtime / "table"
+    command, started_text = _command(setup, runner, topic_of(setup, records), runtime, table)
+    env = conflux_env(runtime, setup.jars_dir, setup.bootstrap)
+    with Child(command, env, runtime / "run.log") as child:
+        query_started = child.wait_for_text(started_text, RUN_TIMEOUT)
         wall = child.wait_ok(RUN_TIMEOUT)
-        output = child.output()
-    batches = [
-        json.loads(line.removeprefix("conflux.progress "))
-        for line in output.splitlines()
-        if line.startswith("conflux.progress ")
+        sampler, spawned, output = child.sampler, child.spawned_epoch, child.output()
+    if runner == "consume":
+        result = last_json_line(output, WRITER_RESULT)
+        ends = [spawned + 0.0] + [c["end_epoch"] for c in result["commits"]]
+        sizes = [c["records"] for c in result["commits"]]
+        _check_consumed(result, records)
+        rows = distinct = result["records"]
+        offsets = [
+            [int(p), v["first"], v["last"], v["count"]] for p, v in result["partitions"].items()
+        ]
+    else:
+        commits = data_commits(table)
+        ends = [spawned] + [c.timestamp_ms / 1000 for c in commits]
+        sizes = [c.records for c in commits]
+        rows, distinct, offsets = verify_table(table, records)
+    if not setup.keep_tables:
+        shutil.rmtree(table, ignore_errors=True)
+    commit_seconds = [b - a for a, b in pairwise(ends)]
+    steady_seconds = ends[-1] - ends[1]
+    return Run(
+        runner=runner,
+        records=records,
+        index=index,
+        wall_seconds=wall,
+        cold_start_seconds=ends[1] - spawned,
+        steady_records_per_second=sum(sizes[1:]) / steady_seconds if steady_seconds else 0.0,
+        commits=len(sizes),
+        peak_rss_mb=sampler.peak_rss_bytes / 1e6,
+        cpu_seconds=sampler.cpu_seconds,
+        query_started_seconds=query_started,
+        rows_verified=rows,
+        offsets_verified=distinct,
+        offsets=sorted(offsets),
+        commit_seconds=commit_seconds,
+        commit_sizes=sizes,
+    )
+
+
+def verify_table(table: Path, records: int) -> tuple[int, int, list[list[int]]]:
+    """(rows, distinct (partition, offset), per partition [partition, first, last, records]) of
+    ``table``, read with delta-rs; raises unless rows and distinct offsets both equal ``records``
+    and every partition's offsets run from 0 without a gap."""
+    from deltalake import DeltaTable
+
+    coordinates = DeltaTable(str(table)).to_pyarrow_table(columns=["partition", "offset"])
+    per_partition = coordinates.group_by("partition").aggregate(
+        [("offset", "count"), ("offset", "count_distinct"), ("offset", "min"), ("offset", "max")]
+    )
+    distinct = pc.sum(per_partition["offset_count_distinct"]).as_py() or 0
+    gaps = [
+        row
+        for row in per_partition.to_pylist()
+        if row["offset_min"] != 0 or row["offset_max"] != row["offset_count_distinct"] - 1
     ]
-    table = str(runtime / "lake" / "bronze" / TABLE)
-    run = PipelineRun("conflux", index, table, wall, startup, _batch_fields(batches))
-    return setup.add_breakdown(run, runtime)
-
-
-def run_baseline(setup: Setup, index: int) -> PipelineRun:
-    runtime = setup.workdir / f"baseline-{index}"
-    table = runtime / "lake" / "bronze" / "baseline"
-    command = [PYTHON, str(BENCH_DIR / "baseline_job.py"), "--bootstrap", setup.bootstrap]
-    command += ["--topic", TOPIC, "--table", str(table)]
-    command += ["--checkpoint", str(runtime / "checkpoints" / "baseline")]
-    command += ["--max-offsets", str(setup.max_offsets)]
-    with Child(command, setup.env(runtime), runtime / "job.log") as child:
-        startup = child.wait_for_text("baseline: query started", RUN_TIMEOUT)
-        wall = child.wait_ok(RUN_TIMEOUT)
-        batches = last_json_line(child.output(), "bench.baseline ")["batches"]
-    run = PipelineRun("baseline", index, str(table), wall, startup, _batch_fields(batches))
-    return setup.add_breakdown(run, runtime)
-
-
-def _batch_fields(batches: list[dict[str, Any]]) -> list[dict[str, int]]:
-    keys = ("batch_id", "input_rows", "batch_duration_ms")
-    return [{key: int(batch[key]) for key in keys} for batch in batches]
-
-
-def run_pipelines(setup: Setup, repeats: int) -> list[PipelineRun]:
-    """Conflux and the baseline alternately, ``repeats`` times each (A B A B ...)."""
-    runs = []
-    for index in range(1, repeats + 1):
-        for pipeline in PIPELINES:
-            say(f"throughput: {pipeline} run {index} of {repeats}")
-            run = (run_conflux if pipeline == "conflux" else run_baseline)(setup, index)
-            say(f"  {run.wall_seconds:.1f} s wall, {len(run.data_batches)} batches "
-                f"taking {run.batch_seconds:.1f} s, {run.input_rows} rows")  # fmt: skip
-            runs.append(run)
-    return runs
-
-
-def verify(setup: Setup, runs: list[PipelineRun], records: int) -> None:
-    """Every table holds exactly ``records`` rows, each Kafka record once; raise otherwise."""
-    say("verifying the row counts of every table with Spark")
-    args = ["count"] + [arg for run in runs for arg in ("--table", run.table)]
-    env = conflux_env(setup.workdir / "verify", setup.jars_dir)
-    output = run_python("table_checks.py", args, env, setup.workdir / "verify.log", 1800)
-    counts = last_json_line(output, "bench.counts ")
-    for run in runs:
-        run.rows_verified = counts[run.table]["rows"]
-        run.distinct_offsets = counts[run.table]["distinct_offsets"]
-    wrong = [r for r in runs if r.rows_verified != records or r.distinct_offsets != records]
-    if wrong:
-        details = ", ".join(
-            f"{r.pipeline} {r.index}: {r.rows_verified} rows, {r.distinct_offsets} distinct"
-            for r in wrong
+    if coordinates.num_rows != records or distinct != records or gaps:
+        raise BenchError(
+            f"{table} holds {coordinates.num_rows} rows, {distinct} distinct offsets "
+            f"(expected {records} each); partitions not 0..n-1: {gaps}"
         )
-        raise BenchError(f"tables do not hold exactly {records} records: {details}")
+    offsets = [
+        [row["partition"], row["offset_min"], row["offset_max"], row["offset_count"]]
+        for row in per_partition.to_pylist()
+    ]
+    return coordinates.num_rows, distinct, offsets
 
 
-def run_throughput(setup: Setup, records: int, repeats: int) -> Outcome:
-    bootstrap = setup.bootstrap
-    create_topic(bootstrap, TOPIC, partitions=3)
-    say(f"producing {records} order events to {TOPIC}")
-    produced = produce_fast(bootstrap, TOPIC, records)
-    say(f"  produced in {produced.seconds:.1f} s ({produced.records_per_second:,.0f} records/s)")
-    runs = run_pipelines(setup, repeats)
-    verify(setup, runs, records)
-    return _outcome(produced, runs, records, setup.max_offsets)
+def _check_same_offsets(runs: list[Run]) -> None:
+    """Every runner got exactly the same (partition, first, last, count) per partition."""
+    distinct = {json.dumps(r.offsets) for r in runs}
+    if len(distinct) > 1:
+        details = "; ".join(f"{r.runner} {r.index}: {r.offsets}" for r in runs)
+        raise BenchError(f"the runners did not get the same offsets: {details}")
+
+
+def _check_consumed(result: dict[str, Any], records: int) -> None:
+    partitions = result["partitions"].values()
+    wrong = (
+        result["records"] != records
+        or result["sequence_breaks"]
+        or any(p["first"] != 0 or p["last"] != p["count"] - 1 for p in partitions)
+    )
+    if wrong:
+        raise BenchError(f"the consume loop read {json.dumps(result)[:500]}, expected {records}")
+
+
+def run_throughput(setup: Setup, sizes: list[int], repeats: int) -> Outcome:
+    runs: list[Run] = []
+    produced: dict[int, ProduceStats] = {}
+    for records in sizes:
+        topic = topic_of(setup, records)
+        create_topic(setup.bootstrap, topic, partitions=3)
+        say(f"throughput: producing {records:,} order events to {topic}")
+        produced[records] = produce_fast(setup.bootstrap, topic, records)
+        say(f"  {produced[records].records_per_second:,.0f} records/s")
+        for index in range(1, repeats + 1):
+            for runner in setup.runners:
+                say(f"throughput: {runner}, {records:,} records, run {index} of {repeats}")
+                run = run_one(setup, runner, records, index)
+                say(f"  {run.wall_seconds:.1f} s wall, cold start {run.cold_start_seconds:.1f} s, "
+                    f"steady {run.steady_records_per_second:,.0f} records/s")  # fmt: skip
+                runs.append(run)
+        delete_topic(setup.bootstrap, topic)  # frees its disk before the next size
+        _check_same_offsets([r for r in runs if r.records == records])
+    return outcome(produced, runs, setup)
 
 
 # --------------------------------------------------------------------------- report
 
-
-def _medians(runs: list[PipelineRun], records: int) -> dict[str, dict[str, float]]:
-    result = {}
-    for pipeline in PIPELINES:
-        mine = [r for r in runs if r.pipeline == pipeline]
-        result[pipeline] = {
-            "wall_seconds": median([r.wall_seconds for r in mine]),
-            "startup_seconds": median([r.startup_seconds for r in mine]),
-            "batch_seconds": median([r.batch_seconds for r in mine]),
-            "records_per_second_wall": median([records / r.wall_seconds for r in mine]),
-            "records_per_second_batches": median([records / r.batch_seconds for r in mine]),
-        }
-    return result
+METRICS = {
+    "records_per_second": ("records/s, exec → exit", "{:,.0f}"),
+    "steady_records_per_second": ("records/s, steady state", "{:,.0f}"),
+    "wall_seconds": ("wall s", "{:.1f}"),
+    "cold_start_seconds": ("cold start s (exec → first commit)", "{:.1f}"),
+    "peak_rss_mb": ("peak RSS MB", "{:,.0f}"),
+    "cpu_seconds_per_million": ("CPU s per M records", "{:.1f}"),
+}
 
 
-def _outcome(
-    produced: ProduceStats, runs: list[PipelineRun], records: int, max_offsets: int
-) -> Outcome:
-    medians = _medians(runs, records)
+def spread(runs: list[Run], metric: str) -> dict[str, float]:
+    values = [float(getattr(r, metric)) for r in runs]
+    return {"min": min(values), "median": median(values), "max": max(values)}
+
+
+def summary(runs: list[Run]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """records → runner → metric → min / median / max."""
+    table: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for run in runs:
+        mine = [r for r in runs if r.runner == run.runner and r.records == run.records]
+        table.setdefault(str(run.records), {})[run.runner] = {m: spread(mine, m) for m in METRICS}
+    return table
+
+
+def outcome(produced: dict[int, ProduceStats], runs: list[Run], setup: Setup) -> Outcome:
+    figures = summary(runs)
     data = {
-        "records": records,
-        "max_offsets_per_trigger": max_offsets,
-        "produce": {**asdict(produced), "records_per_second": produced.records_per_second},
-        "runs": [{**asdict(r), "batch_seconds": r.batch_seconds} for r in runs],
-        "medians": medians,
-        "ratio_conflux_to_baseline_wall": _ratio(medians, "records_per_second_wall"),
-        "ratio_conflux_to_baseline_batches": _ratio(medians, "records_per_second_batches"),
+        "commit_records": setup.commit_records,
+        "produce": {
+            str(k): {**asdict(v), "records_per_second": v.records_per_second}
+            for k, v in produced.items()
+        },
+        "runs": [
+            {
+                **asdict(r),
+                "records_per_second": r.records_per_second,
+                "cpu_seconds_per_million": r.cpu_seconds_per_million,
+            }
+            for r in runs
+        ],
+        "summary": figures,
+        "ratios": ratios(figures),
     }
-    rows = _produce_rows(produced) + _summary_rows(medians, len(runs) // 2)
-    extra = _runs_table(runs, records)
-    if all(r.breakdown for r in runs):
-        extra += "\n\nFrom the Spark event logs (seconds):\n\n" + _breakdown_table(runs)
-    return Outcome(rows, data, extra)
+    return Outcome(rows(figures, produced), data, runs_table(runs))
 
 
-def _ratio(medians: dict[str, dict[str, float]], key: str) -> float:
-    return medians["conflux"][key] / medians["baseline"][key]
-
-
-def _produce_rows(produced: ProduceStats) -> list[Row]:
-    size = produced.payload_bytes / produced.records
-    return [
-        Row("bronze_throughput", "produce (confluent-kafka, 3 partitions)",
-            f"{produced.records_per_second:,.0f} records/s",
-            f"{produced.records:,} records of {size:.0f} B avg in {produced.seconds:.1f} s "
-            f"({produced.megabytes_per_second:.1f} MB/s), payload generation included"),
-    ]  # fmt: skip
-
-
-def _summary_rows(medians: dict[str, dict[str, float]], repeats: int) -> list[Row]:
-    rows = []
-    for pipeline in PIPELINES:
-        m = medians[pipeline]
-        rows.append(Row("bronze_throughput", f"{pipeline}: process start → exit (median of {repeats})",
-                        f"{m['records_per_second_wall']:,.0f} records/s",
-                        f"{m['wall_seconds']:.1f} s, of which {m['startup_seconds']:.1f} s "
-                        "until the query started"))  # fmt: skip
-        rows.append(Row("bronze_throughput", f"{pipeline}: sum of micro-batch durations (median)",
-                        f"{m['records_per_second_batches']:,.0f} records/s",
-                        f"{m['batch_seconds']:.1f} s in batches"))  # fmt: skip
-    for key, label in (
-        ("records_per_second_wall", "wall"),
-        ("records_per_second_batches", "batches"),
-    ):
-        rows.append(Row("bronze_throughput", f"ratio conflux / baseline ({label})",
-                        f"{_ratio(medians, key):.2f}", "records/s, medians"))  # fmt: skip
-    return rows
-
-
-def _runs_table(runs: list[PipelineRun], records: int) -> str:
-    lines = [
-        "| run | pipeline | wall s | until query started s | batches | sum of batches s "
-        "| batch durations s | records/s (wall) | records/s (batches) | rows in table | distinct offsets |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for number, r in enumerate(runs, start=1):
-        lines.append(
-            f"| {number} | {r.pipeline} | {r.wall_seconds:.1f} | {r.startup_seconds:.1f} "
-            f"| {len(r.data_batches)} | {r.batch_seconds:.1f} | {_durations(r)} "
-            f"| {records / r.wall_seconds:,.0f} "
-            f"| {records / r.batch_seconds:,.0f} | {r.rows_verified:,} | {r.distinct_offsets:,} |"
-        )
-    return "\n".join(lines)
-
-
-def _durations(run: PipelineRun) -> str:
-    return ", ".join(f"{b['batch_duration_ms'] / 1000:.1f}" for b in run.data_batches)
-
-
-BREAKDOWN_COLUMNS = (
-    "app_start_to_query_start",
-    *PHASES,
-    "task_run",
-    "task_cpu",
-    "last_batch_end_to_app_end",
+RATIOS = (
+    ("conflux", "deltars", "steady_records_per_second"),
+    ("conflux", "deltars", "records_per_second"),
+    ("conflux", "spark_default", "records_per_second"),
+    ("conflux", "spark_default", "steady_records_per_second"),
+    ("deltars", "consume", "steady_records_per_second"),
 )
 
 
-def _breakdown_table(runs: list[PipelineRun]) -> str:
+def ratios(figures: dict[str, dict[str, dict[str, dict[str, float]]]]) -> dict[str, float]:
+    """``<records>: <a> / <b> <metric>`` → ratio of the medians (higher is better for a)."""
+    result = {}
+    for records, by_runner in figures.items():
+        for a, b, metric in RATIOS:
+            if a in by_runner and b in by_runner and by_runner[b][metric]["median"]:
+                value = by_runner[a][metric]["median"] / by_runner[b][metric]["median"]
+                result[f"{records}: {a} / {b} {metric}"] = value
+    return result
+
+
+def rows(
+    figures: dict[str, dict[str, dict[str, dict[str, float]]]],
+    produced: dict[int, ProduceStats],
+) -> list[Row]:
+    result = []
+    for records, by_runner in figures.items():
+        stats = produced[int(records)]
+        size = stats.payload_bytes / stats.records
+        for runner, metrics in by_runner.items():
+            for metric, (label, form) in METRICS.items():
+                m = metrics[metric]
+                value = form.format(m["median"])
+                notes = f"min {form.format(m['min'])}, max {form.format(m['max'])}"
+                if metric == "records_per_second":
+                    notes += f"; {m['median'] * size / 1e6:.1f} MB/s of payload"
+                result.append(
+                    Row("bronze_throughput", f"{records} {runner}: {label}", value, notes)
+                )
+    for name, ratio in ratios(figures).items():
+        result.append(Row("bronze_throughput", f"ratio {name}", f"{ratio:.2f}", "medians"))
+    return result
+
+
+def runs_table(runs: list[Run]) -> str:
     lines = [
-        "| run | pipeline | " + " | ".join(BREAKDOWN_COLUMNS) + " |",
-        "|---|---|" + "---|" * len(BREAKDOWN_COLUMNS),
+        "| records | runner | run | wall s | cold start s | steady records/s | commits "
+        "| peak RSS MB | CPU s | rows = offsets verified |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for number, r in enumerate(runs, start=1):
-        values = r.breakdown or {}
-        cells = " | ".join(f"{values.get(c, float('nan')):.1f}" for c in BREAKDOWN_COLUMNS)
-        lines.append(f"| {number} | {r.pipeline} | {cells} |")
+    for r in runs:
+        lines.append(
+            f"| {r.records:,} | {r.runner} | {r.index} | {r.wall_seconds:.1f} "
+            f"| {r.cold_start_seconds:.1f} | {r.steady_records_per_second:,.0f} | {r.commits} "
+            f"| {r.peak_rss_mb:,.0f} | {r.cpu_seconds:.1f} | {r.rows_verified:,} |"
+        )
     return "\n".join(lines)

@@ -15,6 +15,11 @@ After a write, :func:`committed_write` reads the commit files the write added (n
 Hadoop FileSystem reads of ``_delta_log``) and says what Delta did: the version that holds the
 batch's transaction id and its row count, or that the write was a replay Delta skipped.
 
+Then it starts :func:`prepare_next_transaction` in the background: the next write's transaction-id
+check needs the table's reconstructed state, which Delta builds with Spark jobs; started at the
+commit, it overlaps with the stream's bookkeeping and any wait for the next trigger (batches that
+run back to back still wait for it), and it writes the checkpoints of bronze tables.
+
 A MERGE that meets a concurrent OPTIMIZE (table maintenance) is retried under the same
 transaction id (:func:`retry_on_maintenance`): maintenance never fails a stream.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -129,9 +135,108 @@ def committed_write(
     # when the newest commit is that very batch's first attempt.
     new_versions = range((-1 if before is None else before) + 1, (after or 0) + 1)
     found = find_commit(spark, table_path, new_versions, app_id, batch_id)
+    prepare_next_transaction(spark, table_path)
     if found is None:
         return TableWrite(table, role, None, 0, skipped=True)
     return TableWrite(table, role, found[0], found[1], skipped=False)
+
+
+#: Delta checkpoints a table every ``delta.checkpointInterval`` commits (10 by default), inside
+#: the commit that reaches it: ~1 s on two cores, paid by that micro-batch. Tables a stream writes
+#: every few hundred milliseconds (bronze) are created with these properties instead, so Delta's
+#: own checkpoint is a rare safety net, and :func:`prepare_next_transaction` checkpoints every
+#: :data:`BACKGROUND_CHECKPOINT_EVERY` commits off the batch's path.
+BACKGROUND_CHECKPOINT_PROPERTIES = {"delta.checkpointInterval": "1000"}
+BACKGROUND_CHECKPOINT_EVERY = 100
+_background: set[threading.Thread] = set()
+_checkpointing: set[str] = set()
+_last_checkpoint: dict[str, int] = {}
+_warned: set[str] = set()
+_background_lock = threading.Lock()
+
+
+def prepare_next_transaction(spark: SparkSession, table_path: str) -> threading.Thread:
+    """Reconstruct the table's latest snapshot state in a background thread, and checkpoint it
+    if the table leaves checkpoints to Conflux (:data:`BACKGROUND_CHECKPOINT_PROPERTIES`).
+
+    Why: a write with a transaction id asks Delta for the versions the table holds per app id.
+    Delta 4.4 answers from the snapshot's reconstructed state (the checksum file has them, but this
+    version does not read them from it), which costs three Spark jobs: ~0.35 s on two cores for a
+    micro-batch of a few hundred rows that otherwise writes in ~0.2 s, more as the log grows.
+    Started right after a commit, the reconstruction of the new snapshot overlaps with the
+    stream's commit log, its progress report and the wait for the next trigger, if any. The state
+    is a lazy value of the snapshot object: the next write finds it computed, or waits for this
+    very computation (never a second one); a newer commit in between only leaves this one unused.
+    Measured (bench/HISTORY.md): this alone gains nothing when batches run back to back; the
+    checkpoint it writes instead of the commit is what took the latency spikes off the batches.
+    """
+    thread = threading.Thread(
+        target=_prepare, args=(spark, table_path), name="conflux-next-txn", daemon=True
+    )
+    with _background_lock:
+        _background.add(thread)
+    thread.start()
+    return thread
+
+
+def _prepare(spark: SparkSession, table_path: str) -> None:
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+            spark._jsparkSession, table_path
+        )
+        snapshot = delta_log.unsafeVolatileSnapshot()
+        snapshot.setTransactions()
+        with _background_lock:
+            if table_path in _checkpointing or not _checkpoint_due(table_path, snapshot):
+                return
+            _checkpointing.add(table_path)
+        try:
+            delta_log.checkpoint(snapshot, jvm.scala.Option.empty())
+            _last_checkpoint[table_path] = int(snapshot.version())
+        finally:
+            with _background_lock:
+                _checkpointing.discard(table_path)
+    except Exception as exc:  # never fails a stream: at worst the next write is slower
+        if table_path not in _warned:
+            _warned.add(table_path)
+            log.warning(
+                "background snapshot / checkpoint of %s failed (%s); the stream goes on, and "
+                "Delta checkpoints the table itself every %s commits",
+                table_path,
+                exc,
+                BACKGROUND_CHECKPOINT_PROPERTIES["delta.checkpointInterval"],
+            )
+    finally:
+        with _background_lock:
+            _background.discard(threading.current_thread())
+
+
+def _checkpoint_due(table_path: str, snapshot: Any) -> bool:
+    """Whether Conflux checkpoints this table (its interval is ours) and one is due.
+
+    Not at a multiple of the table's interval: Delta checkpointed that version in its commit.
+    """
+    interval = snapshot.metadata().configuration().get("delta.checkpointInterval")
+    ours = BACKGROUND_CHECKPOINT_PROPERTIES["delta.checkpointInterval"]
+    if not interval.isDefined() or str(interval.get()) != ours:
+        return False
+    version = int(snapshot.version())
+    if version % int(ours) == 0:
+        return False
+    in_log = int(snapshot.logSegment().checkpointProvider().version())
+    last = max(in_log, _last_checkpoint.get(table_path, -1), 0)
+    return version - last >= BACKGROUND_CHECKPOINT_EVERY
+
+
+def wait_for_background_work(timeout: float = 60.0) -> None:
+    """Let snapshot reconstructions and checkpoints in flight finish (call before stopping the
+    session: a Spark job cut short by ``spark.stop()`` logs errors and leaves no checkpoint)."""
+    deadline = time.monotonic() + timeout
+    with _background_lock:
+        pending = list(_background)
+    for thread in pending:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def append_idempotently(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -45,8 +46,7 @@ def parse_java_major(version_output: str) -> int:
 def check_java(java: str | None = None) -> int:
     """Fail with a clear message unless Java >= 17 is available; return its major version."""
     binary = java or java_executable()
-    result = subprocess.run([binary, "-version"], capture_output=True, text=True, check=False)
-    major = parse_java_major(result.stderr + result.stdout)
+    major = parse_java_major(java_version_text(binary))
     if major < MIN_JAVA_MAJOR:
         raise ConfigError(
             f"{binary} is Java {major}; Conflux needs Java {MIN_JAVA_MAJOR} or newer. "
@@ -63,3 +63,54 @@ def require_jars(folder: Path, what: str) -> list[Path]:
             f"the {what} jars are not fetched ({folder} is empty or missing): run `make setup`"
         )
     return jars
+
+
+#: Java class-data archive of a Spark driver with Delta (built by platform/jvm/class_archive.py).
+ARCHIVE_NAME = "spark-classes.jsa"
+#: Set by the archive builder only: the driver then dumps its classes to this path at exit.
+DUMP_ENV = "SPARK_CLASS_ARCHIVE_DUMP"
+
+
+@functools.cache
+def java_version_text(binary: str) -> str:
+    """``java -version`` of ``binary`` (run once per binary and process)."""
+    result = subprocess.run([binary, "-version"], capture_output=True, text=True, check=False)
+    return result.stderr + result.stdout
+
+
+def archive_key(jars_dir: Path) -> str:
+    """What a class archive is only valid for: the JDK, and the path, size and modification time
+    of every jar on the driver's classpath (pyspark's) and in ``spark.jars`` (Conflux's): the JVM
+    refuses an archive whose classpath changed, so a key that ignored them would call a useless
+    archive up to date."""
+    import pyspark
+
+    lines = [java_version_text(java_executable()).strip()]
+    for folder in (Path(pyspark.__file__).parent / "jars", jars_dir / "spark"):
+        for jar in sorted(folder.glob("*.jar")):
+            stat = jar.stat()
+            lines.append(f"{jar} {stat.st_size} {int(stat.st_mtime)}")
+    return "\n".join(lines)
+
+
+def class_archive(jars_dir: Path) -> Path | None:
+    """The class archive beside the jars, if it exists and was built for this JDK and these jars."""
+    archive, key = jars_dir / ARCHIVE_NAME, jars_dir / f"{ARCHIVE_NAME}.key"
+    try:
+        if archive.exists() and key.read_text() == archive_key(jars_dir):
+            return archive
+    except (OSError, ConfigError):
+        pass
+    return None
+
+
+def class_archive_options(jars_dir: Path) -> str:
+    """JVM options for a Spark driver: map the class archive if there is a valid one (1-2 s less
+    from process start to the first micro-batch on two cores, see bench/HISTORY.md; built by
+    platform/jvm/class_archive.py).
+    """
+    dump = os.environ.get(DUMP_ENV)
+    if dump:
+        return f"-XX:ArchiveClassesAtExit={dump}"
+    archive = class_archive(jars_dir)
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive is not None else ""

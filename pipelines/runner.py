@@ -37,6 +37,7 @@ from types import FrameType
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.delta_writes import wait_for_background_work
 from pipelines.errors import ConfigError
 from pipelines.flow import FlowPipeline
 from pipelines.health import HeartbeatWriter
@@ -397,6 +398,7 @@ def _run_owned(
         for name, query in queries.items():
             if query.lastProgress is not None:
                 tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
+        wait_for_background_work()  # before finish() swaps tables they may still read
         if code == EXIT_OK and not stop.requested:
             for pipeline in pipelines:
                 for write in pipeline.finish(spark):
@@ -407,6 +409,7 @@ def _run_owned(
     finally:
         spark.streams.removeListener(tracker)
         heartbeat.stopped()
+        wait_for_background_work()
         if own_session:  # before Python exits, so no listener event is sent to a dead driver
             spark.stop()
     if code == EXIT_OK:

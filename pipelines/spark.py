@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from pipelines.jvm import check_java, require_jars
+from pipelines.jvm import check_java, class_archive_options, require_jars
 from pipelines.settings import PROJECT_ROOT, Settings, load_settings
 
 LOG4J_CONFIG = PROJECT_ROOT / "platform" / "spark" / "log4j2.properties"
@@ -68,8 +68,9 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
         "spark.sql.warehouse.dir": str(settings.runtime_dir / "warehouse"),
         "spark.driver.extraJavaOptions": (
             f"-Dderby.system.home={settings.runtime_dir / 'derby'} "
-            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"
-        ),
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
+            f"{class_archive_options(settings.jars_dir)}"
+        ).strip(),
         "spark.ui.enabled": "true" if ui else "false",
         "spark.pyspark.python": sys.executable,
     }

@@ -16,7 +16,7 @@ compares them with the rows the history table holds for those keys, and MERGEs t
 updated and one version is inserted; a change arriving late, inside an older version's interval,
 splits that version and fixes its neighbours' intervals, with no special path. The price: every
 batch scans the whole events table (column-pruned, no key pruning yet) and recomputes the touched
-keys' versions; BENCHMARKS.md has the figures.
+keys' versions; bench/HISTORY.md has the figures.
 
 The MERGE runs under the batch's transaction id, like the current table's, so a replayed batch
 changes nothing; on a replay the recomputation reads the same events and the MERGE is skipped.

@@ -28,7 +28,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.delta_writes import TableWrite, append_idempotently, table_properties
+from pipelines.delta_writes import (
+    BACKGROUND_CHECKPOINT_PROPERTIES,
+    TableWrite,
+    append_idempotently,
+    table_properties,
+)
 from pipelines.identity import FlowIdentity, resolve_identity, write_identity
 from pipelines.lease import LeaseGuard
 from pipelines.locations import FlowLocations
@@ -98,7 +103,7 @@ class BronzeStage:
     def _stamp_table(self, spark: SparkSession, identity: FlowIdentity, shape: DataFrame) -> None:
         """Create the table with the identity properties, or set them on an existing table."""
         properties = identity.table_properties()
-        if DeltaTable.isDeltaTable(spark, self.table_path):
+        if DeltaTable.isDeltaTable(spark, self.table_path):  # an older table: checkpoints as it was
             assignments = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
             spark.sql(f"ALTER TABLE delta.`{self.table_path}` SET TBLPROPERTIES ({assignments})")
             return
@@ -106,7 +111,7 @@ class BronzeStage:
         builder = builder.addColumns(shape.schema)
         if self.spec.target.partition_by:
             builder = builder.partitionedBy(*self.spec.target.partition_by)
-        for key, value in properties.items():
+        for key, value in {**properties, **BACKGROUND_CHECKPOINT_PROPERTIES}.items():
             builder = builder.property(key, value)
         builder.execute()
 

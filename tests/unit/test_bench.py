@@ -1,0 +1,163 @@
+"""The benchmark harness's own logic (issue 12), without a JVM or a broker: the report that
+becomes BENCHMARKS.md, the latency percentiles, the offsets the Python writer checks, and when
+a Spark driver maps the JVM class archive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.benchmarks_md import markdown, targets
+from bench.latency import percentile
+from bench.python_writer import Offsets
+from pipelines import jvm
+
+
+def _spread(value: float) -> dict[str, float]:
+    return {"min": value * 0.9, "median": value, "max": value * 1.1}
+
+
+def _runner(steady: float, wall_rate: float, cold: float) -> dict[str, dict[str, float]]:
+    return {
+        "records_per_second": _spread(wall_rate),
+        "steady_records_per_second": _spread(steady),
+        "wall_seconds": _spread(1e6 / wall_rate),
+        "cold_start_seconds": _spread(cold),
+        "peak_rss_mb": _spread(1000),
+        "cpu_seconds_per_million": _spread(30),
+    }
+
+
+def _document() -> dict:
+    summary = {
+        "1000000": {
+            "conflux": _runner(180_000, 50_000, 9.5),
+            "deltars": _runner(160_000, 150_000, 2.0),
+            "spark_default": _runner(60_000, 40_000, 9.0),
+        }
+    }
+    ratios = {
+        "1000000: conflux / deltars steady_records_per_second": 180 / 160,
+        "1000000: conflux / deltars records_per_second": 50 / 150,
+        "1000000: conflux / spark_default records_per_second": 50 / 40,
+    }
+    phase = {"rate": 500, "produced": 10, "kept_up": True, "catch_up_seconds": 1.0,
+             "latencies_ms": {"p50": 900, "p95": 1500, "p99": 2100, "max": 2300},
+             "quantiles_ms": list(range(101)), "rows_seen": 10, "commits": 3}  # fmt: skip
+    return {
+        "started_at": "2026-11-24T07:00:00+00:00",
+        "command": ".venv/bin/python bench/run.py --write-benchmarks",
+        "wall_seconds": 2400,
+        "machine": {"nproc": "2"},
+        "versions": {"pyspark": "4.1.3"},
+        "rows": [{"benchmark": "spark_session_start", "metric": "m", "value": "1 s", "notes": ""}],
+        "results": {
+            "bronze_throughput": {
+                "commit_records": 250_000,
+                "produce": {"1000000": {"payload_bytes": 500_000_000}},
+                "summary": summary,
+                "ratios": ratios,
+                "runs": [],
+            },
+            "e2e_latency": {
+                "plan": {
+                    "rates": [500],
+                    "seconds": 30,
+                    "warmup": 5,
+                    "interval_ms": 500,
+                    "table_rows": 1_000_000,
+                },
+                "poll_seconds": 0.05,
+                "runners": [{"runner": "conflux", "phases": [phase]}],
+            },
+        },
+    }
+
+
+def test_targets_judge_each_figure_of_the_run() -> None:
+    verdicts = {target[:12]: (measured, verdict)
+                for target, measured, verdict in targets(_document()["results"])}  # fmt: skip
+    assert verdicts["bronze stead"] == ("1.12x at 1,000,000 records", "met")
+    assert verdicts["wall time (e"][1] == "**not met**"  # 0.33 < 0.8
+    assert verdicts[">= 1.2x the "] == ("1.25x at 1,000,000 records", "met")
+    assert verdicts["cold start ("] == ("9.5 s (median, 1,000,000 records)", "met")
+    assert verdicts["p99 produce "] == ("2,100 ms", "**not met**")
+
+
+def test_markdown_states_command_figures_and_plots() -> None:
+    text = markdown(_document())
+    assert "do not edit by hand" in text
+    assert "Command: `.venv/bin/python bench/run.py --write-benchmarks` (wall time 40 min)" in text
+    assert "| records/s, steady state | 180,000 (162,000 - 198,000) |" in text
+    assert "![latency distribution](bench/results/latency.png)" in text
+    assert "![throughput per runner](bench/results/throughput.png)" in text
+    assert "| conflux | 500 | 900 | 1,500 | 2,100 | 2,300 | 10 | 3 | yes |" in text
+    assert "| spark_session_start | m | 1 s |  |" in text
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_offsets_count_gaps_and_repeats() -> None:
+    offsets = Offsets()
+    for partition, offset in [(0, 0), (0, 1), (1, 5), (0, 3), (0, 3), (1, 6)]:
+        offsets.see(partition, offset)
+    summary = offsets.summary()
+    assert summary["partitions"] == {"0": {"first": 0, "last": 3, "count": 4},
+                                     "1": {"first": 5, "last": 6, "count": 2}}  # fmt: skip
+    assert summary["sequence_breaks"] == 2  # 1 -> 3 skips one, 3 -> 3 repeats
+
+
+@pytest.fixture
+def jars_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(jvm, "java_version_text", lambda binary: 'openjdk version "17.0.9"')
+    monkeypatch.delenv(jvm.DUMP_ENV, raising=False)
+    (tmp_path / "spark").mkdir()
+    (tmp_path / "spark" / "MANIFEST.txt").write_text("delta-spark 4.4.0\n")
+    return tmp_path
+
+
+def test_class_archive_is_used_only_when_built_for_this_jdk_and_these_jars(jars_dir: Path) -> None:
+    assert jvm.class_archive_options(jars_dir) == ""  # none built yet
+    (jars_dir / jvm.ARCHIVE_NAME).write_bytes(b"archive")
+    (jars_dir / f"{jvm.ARCHIVE_NAME}.key").write_text("another JDK")
+    assert jvm.class_archive_options(jars_dir) == ""
+    (jars_dir / f"{jvm.ARCHIVE_NAME}.key").write_text(jvm.archive_key(jars_dir))
+    archive = jars_dir / jvm.ARCHIVE_NAME
+    assert jvm.class_archive_options(jars_dir) == f"-XX:SharedArchiveFile={archive} -Xshare:auto"
+
+
+def test_the_archive_builder_makes_the_driver_dump_its_classes(
+    jars_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(jvm.DUMP_ENV, "/tmp/x.jsa")
+    assert jvm.class_archive_options(jars_dir) == "-XX:ArchiveClassesAtExit=/tmp/x.jsa"
+
+
+def test_plots_and_the_file_are_written(tmp_path: Path) -> None:
+    from bench.benchmarks_md import write
+
+    document = _document()
+    summary = document["results"]["bronze_throughput"]["summary"]
+    summary["10000000"] = dict(summary["1000000"])
+    document["results"]["bronze_throughput"]["produce"]["10000000"] = {"payload_bytes": 5e9}
+    write(document, tmp_path / "BENCHMARKS.md", tmp_path / "results")
+    for name in ("throughput.png", "latency.png", "results.json"):
+        assert (tmp_path / "results" / name).stat().st_size > 1000, name
+    assert "### 10,000,000 records" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_quick_mode_keeps_what_the_command_line_says() -> None:
+    from bench.run import parse_args
+
+    quick = parse_args(["--quick"])
+    assert (quick.records, quick.repeats, quick.commit_records) == ([20_000], 1, 5_000)
+    assert parse_args(["--quick", "--repeats", "2"]).repeats == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--quick", "--write-benchmarks"])
