@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import PROJECT_ROOT
-from bench.report import key_value_table
+from bench.report import run_header
 
 PLOTS_DIR = PROJECT_ROOT / "bench" / "results"
 RUNNER_LABELS = {
@@ -181,15 +181,7 @@ def runs_table(data: dict[str, Any]) -> str:
 
 def markdown(document: dict[str, Any]) -> str:
     results = document["results"]
-    parts = [
-        HEADER,
-        f"## Run of {document['started_at']}",
-        f"Command: `{document['command']}` (wall time {document['wall_seconds'] / 60:.0f} min)",
-        "### Machine",
-        key_value_table(document["machine"]),
-        "### Versions",
-        key_value_table(document["versions"]),
-    ]
+    parts = [HEADER, *run_header(f"## Run of {document['started_at']}", document)]
     rows = targets(results)
     if rows:
         parts.append("## Targets\n\n| target | measured | |\n|---|---|---|\n" + "\n".join(

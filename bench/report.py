@@ -23,14 +23,21 @@ def results_table(outcomes: dict[str, Outcome]) -> str:
     return "\n".join([RESULTS_HEADER, *rows])
 
 
-def markdown_block(meta: dict[str, Any], outcomes: dict[str, Outcome]) -> str:
-    parts = [
-        f"## Conflux benchmark, {meta['started_at']}",
-        f"Command: `{meta['command']}` (wall time {meta['wall_seconds']:.0f} s)",
+def run_header(title: str, meta: dict[str, Any]) -> list[str]:
+    """The title, the exact command with its wall time, the machine and the versions of a run."""
+    return [
+        title,
+        f"Command: `{meta['command']}` (wall time {meta['wall_seconds'] / 60:.0f} min)",
         "### Machine",
         key_value_table(meta["machine"]),
         "### Versions",
         key_value_table(meta["versions"]),
+    ]
+
+
+def markdown_block(meta: dict[str, Any], outcomes: dict[str, Outcome]) -> str:
+    parts = [
+        *run_header(f"## Conflux benchmark, {meta['started_at']}", meta),
         "### Results",
         results_table(outcomes),
     ]
