@@ -59,6 +59,7 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
         ConfigError: the jars were not fetched (``make setup``) or Java is missing or too old.
     """
     jars = require_jars(settings.spark_jars_dir, "Spark (Delta + Kafka connector)")
+    local = settings.spark_master.startswith("local")
     conf: dict[str, str] = {
         **SMALL_MACHINE_DEFAULTS,
         **STATE_STORE_CONF,
@@ -69,12 +70,13 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
         "spark.driver.extraJavaOptions": (
             f"-Dderby.system.home={settings.runtime_dir / 'derby'} "
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
-            f"{class_archive_options(settings.jars_dir)}"
+            # the archive matches this machine's pyspark classpath: embedded (local) drivers only
+            f"{class_archive_options(settings.jars_dir) if local else ''}"
         ).strip(),
         "spark.ui.enabled": "true" if ui else "false",
         "spark.pyspark.python": sys.executable,
     }
-    if settings.spark_master.startswith("local"):
+    if local:
         conf.update(LOOPBACK_DRIVER)  # embedded runs listen on loopback only
     conf.update(settings.spark_conf)
     return conf
