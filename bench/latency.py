@@ -249,6 +249,15 @@ def percentile(ordered: list[float], pct: float) -> float:
     return ordered[rank - 1]
 
 
+def summarize(values: list[float]) -> dict[str, float]:
+    """p50 / p95 / p99, max, min and mean of ``values``, rounded to 0.1."""
+    ordered = sorted(values)
+    summary = {f"p{p}": round(percentile(ordered, p), 1) for p in PERCENTILES}
+    summary.update(max=round(ordered[-1], 1), min=round(ordered[0], 1))
+    summary["mean"] = round(sum(ordered) / len(ordered), 1)
+    return summary
+
+
 def run_latency(workdir: Path, jars_dir: Path, bootstrap: str, plan: Plan) -> Outcome:
     results = [run_runner(r, plan, workdir, jars_dir, bootstrap) for r in plan.runners]
     data = {"plan": asdict(plan), "poll_seconds": POLL_SECONDS, "runners": results}

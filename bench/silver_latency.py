@@ -46,6 +46,7 @@ from bench.harness import (
     median,
     say,
 )
+from bench.latency import summarize
 from bench.orders import Pace, create_topic
 
 SCHEMA_DDL = "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP"
@@ -208,12 +209,6 @@ def progress(output: str) -> list[dict[str, Any]]:
         for line in output.splitlines()
         if line.startswith(PROGRESS)
     ]
-
-
-def summarize(values: list[float]) -> dict[str, float]:
-    from bench.table_checks import summarize as percentiles
-
-    return percentiles(values)
 
 
 def run_design(
