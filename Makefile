@@ -67,6 +67,8 @@ demo: broker-start ## Run the demo: events to Kafka + files, through bronze, sil
 	@echo; $(PY) platform/demo/show_orchestration.py
 	@echo; echo "== conflux flows"; $(VENV)/bin/conflux flows
 	@echo; echo "== conflux status orders"; $(VENV)/bin/conflux status orders
+	@echo; echo "== conflux catalog orders: every table and piece of state the flow owns"; \
+		$(VENV)/bin/conflux catalog orders
 	@echo; echo "Open the UI with: make ui   (then http://127.0.0.1:3000)"
 
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000

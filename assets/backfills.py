@@ -45,7 +45,8 @@ from dagster._core.storage.tags import (
 from dagster_pyspark import LazyPySparkResource
 
 from assets.flows import flow_group, flow_tags
-from assets.keys import flow_table_keys, gold_input_keys
+from assets.keys import gold_input_keys, key_of
+from pipelines.catalog.roles import TableRole
 from pipelines.gold.backfill import (
     BackfillRefusedError,
     backfill,
@@ -70,8 +71,8 @@ def _date(partition_key: str) -> date:
 
 
 def backfill_asset(spec: FlowSpec, gold: AnyGold, settings: Settings) -> AssetsDefinition:
-    keys = flow_table_keys(spec)
-    gold_key, late_key = keys[f"gold/{gold.table}"], keys[f"late/{gold.table}"]
+    gold_key = key_of(spec, TableRole.GOLD, gold.table)
+    late_key = key_of(spec, TableRole.LATE, gold.table)
 
     @asset(
         key=backfill_key(gold),

@@ -32,7 +32,7 @@ from assets.keys import bronze_key, flow_asset_keys, flow_table_keys
 from assets.maintenance import maintenance_job, maintenance_schedule
 from assets.resources import SparkSubmitResource, pyspark_resource
 from assets.sensors import dead_run_worker_sensor
-from pipelines.locations import check_distinct_tables, table_paths
+from pipelines.catalog.tables import check_distinct_tables, declared_paths
 from pipelines.settings import load_settings
 from pipelines.spec import FlowSpec, SpecError, load_specs
 from quality.gx_checks import suite_checks
@@ -120,7 +120,7 @@ def build_definitions(
     checks = [
         check
         for spec in specs
-        for check in suite_checks(spec, flow_table_keys(spec), table_paths(spec, settings))
+        for check in suite_checks(spec, flow_table_keys(spec), declared_paths(spec, settings))
     ]
     backfill_jobs = {gold.table: backfill_job(gold) for spec in specs for gold in spec.gold}
     backfill_schedules = [

@@ -27,10 +27,12 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.keys import bronze_key, events_key, flow_table_keys, gold_input_keys
+from assets.keys import bronze_key, events_key, gold_input_keys, key_of
 from assets.launch import run_flows
 from assets.resources import SparkSubmitResource
-from pipelines.locations import FlowLocations, table_paths
+from pipelines.catalog.roles import TableRole
+from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import FlowCatalog
 from pipelines.settings import Settings
 from pipelines.spec import (
     TRIGGER_MODES,
@@ -104,7 +106,7 @@ def source_specs(spec: FlowSpec) -> list[AssetSpec]:
 
 
 def bronze_spec(spec: FlowSpec, settings: Settings) -> AssetSpec:
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     return AssetSpec(
         key=bronze_key(spec),
         deps=[s.key for s in source_specs(spec)],
@@ -127,9 +129,8 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     silver = spec.silver
     if silver is None:
         return []
-    keys = flow_table_keys(spec)
-    paths = table_paths(spec, settings)
-    bronze = keys["bronze"]
+    catalog = FlowCatalog.of(spec, settings)
+    bronze = key_of(spec, TableRole.BRONZE)
     common = {
         "flow": spec.name,
         "spec_file": spec.spec_file,
@@ -137,16 +138,19 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
         "format": silver.format,
         "chaining": silver.chaining,
     }
-    if silver.chaining == "stream":  # its own query; bronze_batch writes in bronze's checkpoint
-        common["checkpoint"] = str(FlowLocations.of(spec, settings).stage_checkpoint("silver"))
+    if silver.own_query:  # bronze_batch writes under bronze's checkpoint
+        common["checkpoint"] = str(catalog.state.silver_checkpoint)
 
-    def table_spec(role: str, upstream: AssetKey, description: str, **metadata: Any) -> AssetSpec:
+    def table_spec(
+        role: TableRole, upstream: AssetKey, description: str, **metadata: Any
+    ) -> AssetSpec:
+        table = catalog.table(role)
         return AssetSpec(
-            key=keys[role],
+            key=key_of(spec, role),
             deps=[upstream],
             kinds={"spark", "delta"},
             description=description,
-            metadata={**common, "table_path": str(paths[role]), **metadata},
+            metadata={**common, "table_path": table.location, **metadata},
             skippable=True,
             **ownership(spec, "silver"),
         )
@@ -154,14 +158,14 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     parsed = f"{silver.format} payloads of {spec.target.table} parsed to ({silver.schema_ddl})"
     specs = [
         table_spec(
-            "events",
+            TableRole.EVENTS,
             bronze,
             f"Events of flow {spec.name}: {parsed}, append-only, one row per change.",
             schema=silver.schema_ddl,
             event_time=silver.event_time or "default",
         ),
         table_spec(
-            "quarantine",
+            TableRole.QUARANTINE,
             bronze,
             f"Quarantine of flow {spec.name}: records of {spec.target.table} that silver could "
             "not parse, raw bytes and reasons kept.",
@@ -171,8 +175,8 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     if current is not None:
         specs.append(
             table_spec(
-                "current",
-                keys["events"],
+                TableRole.CURRENT,
+                key_of(spec, TableRole.EVENTS),
                 f"Current state of flow {spec.name}: one live row per "
                 f"({', '.join(current.keys)}), the latest by {silver.sequence_expression}.",
                 keys=list(current.keys),
@@ -189,8 +193,8 @@ def silver_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
         )
         specs.append(
             table_spec(
-                "history",
-                keys["events"],
+                TableRole.HISTORY,
+                key_of(spec, TableRole.EVENTS),
                 f"History of flow {spec.name} (SCD type 2): every version of each "
                 f"({', '.join(silver.history_keys)}), valid from/to "
                 f"{silver.sequence_expression}; a change of {tracked} opens a version.",
@@ -254,9 +258,7 @@ def _join_asset(spec: FlowSpec, gold: GoldJoinSpec) -> tuple[str, str, dict[str,
 def gold_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
     """Per gold table: the table (windowed aggregates or a join of the events) and its late-data
     table."""
-    keys = flow_table_keys(spec)
-    paths = table_paths(spec, settings)
-    locations = FlowLocations.of(spec, settings)
+    catalog = FlowCatalog.of(spec, settings)
     specs = []
     for gold in spec.gold:
         deps = gold_input_keys(spec, gold)
@@ -272,27 +274,31 @@ def gold_specs(spec: FlowSpec, settings: Settings) -> list[AssetSpec]:
         }
         specs += [
             AssetSpec(
-                key=keys[f"gold/{gold.table}"],
+                key=key_of(spec, TableRole.GOLD, gold.table),
                 deps=deps,
                 kinds={"spark", "delta"},
                 description=gold.description or description,
                 metadata={
                     **common,
                     **metadata,
-                    "table_path": str(paths[f"gold/{gold.table}"]),
-                    "checkpoint": str(locations.stage_checkpoint(f"gold.{gold.table}")),
+                    "table_path": catalog.table(TableRole.GOLD, gold.table).location,
+                    "checkpoint": str(catalog.state.gold_checkpoint(gold.table)),
                 },
                 skippable=True,
                 **ownership(spec, "gold"),
             ),
             AssetSpec(
-                key=keys[f"late/{gold.table}"],
+                key=key_of(spec, TableRole.LATE, gold.table),
                 deps=deps,
                 kinds={"spark", "delta"},
                 description=f"Late rows of gold {gold.table}: events that arrived behind the "
                 f"watermark (newest event time - {gold.allowed_lateness}), {missed}; never "
                 "dropped.",
-                metadata={**common, **metadata, "table_path": str(paths[f"late/{gold.table}"])},
+                metadata={
+                    **common,
+                    **metadata,
+                    "table_path": catalog.table(TableRole.LATE, gold.table).location,
+                },
                 skippable=True,
                 **ownership(spec, "gold"),
             ),
@@ -342,7 +348,7 @@ def flow_assets(spec: FlowSpec, settings: Settings) -> AssetsDefinition:
             *(
                 check
                 for gold in spec.gold
-                for check in gold_check_specs(gold, flow_table_keys(spec)[f"gold/{gold.table}"])
+                for check in gold_check_specs(gold, key_of(spec, TableRole.GOLD, gold.table))
             ),
         ]
         or None,

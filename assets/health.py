@@ -39,8 +39,8 @@ from dagster import (
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 
 from assets.keys import bronze_key
+from pipelines.catalog.state import FlowState
 from pipelines.health import Health, flow_health
-from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
@@ -95,7 +95,7 @@ def verdict(spec: FlowSpec, settings: Settings, instance: DagsterInstance) -> He
     health = flow_health(spec, settings)
     if health is not None:
         return health
-    term = FlowLocations.of(spec, settings).lease_store().latest()
+    term = FlowState.of(spec, settings).lease_store().latest()
     if term is None:
         return None
     run_id = term.details.get("dagster_run_id")

@@ -1,56 +1,61 @@
 """Asset keys of Conflux tables, in one place so the graph and the launcher agree.
 
-A flow's tables, by role: ``bronze`` (``bronze/<target table>``), and with a ``silver:`` section
-``events`` (``silver/<events table>``), ``quarantine`` (``quarantine/<quarantine table>``) and,
-if the spec has one, ``current`` (``silver/<current table>``); per gold table ``gold/<table>``
-(``gold/<table>``) and ``late/<table>`` (``late/<late table>``).
+Each table a flow declares is an asset; its key is the catalog's
+(:attr:`pipelines.catalog.tables.CatalogTable.asset_key_path`): ``bronze/<target table>``,
+``silver/<events, current or history table>``, ``quarantine/<table>``, ``gold/<table>``,
+``late/<late table>``. Maps here are keyed by the table's id in messages
+(:func:`pipelines.catalog.roles.role_id`).
 """
 
 from dagster import AssetKey
 
-from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, join_input, role_kind
+from pipelines.catalog.roles import TableRole, role_id
+from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, join_input
 
 
 def bronze_key(spec: FlowSpec) -> AssetKey:
     """``bronze/<table>``: the asset key of a flow's bronze table."""
-    return AssetKey(["bronze", spec.target.table])
+    return key_of(spec, TableRole.BRONZE)
+
+
+def _optional_key(spec: FlowSpec, role: TableRole) -> AssetKey | None:
+    return flow_table_keys(spec).get(role_id(role))
 
 
 def events_key(spec: FlowSpec) -> AssetKey | None:
     """``silver/<events table>``: the flow's parsed, append-only events (None without silver)."""
-    silver = spec.silver
-    return None if silver is None else AssetKey(["silver", silver.events.table])
+    return _optional_key(spec, TableRole.EVENTS)
 
 
 def current_key(spec: FlowSpec) -> AssetKey | None:
     """``silver/<current table>``: the flow's current state per key (None if it keeps none)."""
-    silver = spec.silver
-    if silver is None or silver.current is None:
-        return None
-    return AssetKey(["silver", silver.current.table])
+    return _optional_key(spec, TableRole.CURRENT)
 
 
 def quarantine_key(spec: FlowSpec) -> AssetKey | None:
     """``quarantine/<table>``: the records silver could not parse (None without silver)."""
-    silver = spec.silver
-    return None if silver is None else AssetKey(["quarantine", silver.quarantine.table])
+    return _optional_key(spec, TableRole.QUARANTINE)
 
 
-#: The first part of the asset key of a table, by its role in the flow.
-KEY_PREFIX = {
-    "bronze": "bronze",
-    "events": "silver",
-    "current": "silver",
-    "history": "silver",
-    "quarantine": "quarantine",
-    "gold": "gold",
-    "late": "late",
-}
+def table_key(role: TableRole, name: str) -> AssetKey:
+    """The asset key of a declared table of ``role`` named ``name``."""
+    prefix = role.asset_prefix
+    assert prefix is not None, f"a {role} table is a side table, not an asset"
+    return AssetKey([prefix, name])
 
 
 def flow_table_keys(spec: FlowSpec) -> dict[str, AssetKey]:
-    """The asset key of each of the flow's tables, by role (bronze first, then silver's)."""
-    return {role: AssetKey([KEY_PREFIX[role_kind(role)], table]) for role, table in spec.tables()}
+    """The asset key of each of the flow's declared tables, by table id (bronze first, then
+    silver's, then each gold table's)."""
+    keys = {}
+    for declared in spec.tables():
+        keys[declared.id] = table_key(declared.role, declared.name)
+    return keys
+
+
+def key_of(spec: FlowSpec, role: TableRole, gold: str | None = None) -> AssetKey:
+    """The asset key of the flow's table of ``role`` (of gold table ``gold``)."""
+    return flow_table_keys(spec)[role_id(role, gold)]
 
 
 def flow_asset_keys(spec: FlowSpec) -> list[AssetKey]:
@@ -65,9 +70,9 @@ def table_names(spec: FlowSpec) -> dict[str, str]:
 
 def gold_input_keys(spec: FlowSpec, gold: AnyGold) -> list[AssetKey]:
     """The silver events a gold table reads: the flow's, and a join's other flow's."""
-    keys = [flow_table_keys(spec)["events"]]
+    keys = [key_of(spec, TableRole.EVENTS)]
     if isinstance(gold, GoldJoinSpec):
         other = join_input(spec, gold)
         if other.name != spec.name:
-            keys.append(flow_table_keys(other)["events"])
+            keys.append(key_of(other, TableRole.EVENTS))
     return keys

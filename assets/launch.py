@@ -44,18 +44,29 @@ from dagster import (
     open_pipes_session,
 )
 
-from assets.keys import events_key, flow_table_keys
+from assets.keys import events_key, flow_table_keys, key_of
 from assets.lineage import column_lineage
 from assets.resources import SparkSubmitResource
 from assets.sensors import RUN_WORKER_TAG
 from assets.table_facts import TableFacts
+from pipelines.catalog.roles import TableRole, role_id
+from pipelines.catalog.tables import declared_paths
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm, owner_process_gone, process_gone
-from pipelines.locations import table_paths
+from pipelines.messages import (
+    QUALITY_COUNTS,
+    BatchCommitted,
+    BatchQuality,
+    ErrorReported,
+    FlowStopped,
+    MessageError,
+    StageStarted,
+    StopReason,
+    TableWrite,
+    parse_message,
+)
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import load_settings
-from pipelines.silver.expectations import QUALITY_COUNTS, failed_expectations
-from pipelines.silver.schema_changes import schema_change_stopped
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
 from quality.checks import RUN_FIRST_BATCH_ID, StreamChecks
@@ -64,24 +75,6 @@ from quality.gold_checks import GoldChecks
 
 class RunWorkerGoneError(Exception):
     """The Dagster run worker that started this step is dead: nobody will record this run's end."""
-
-
-def batch_writes(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The table writes of one batch message: its ``writes``; for a bronze batch that lists none
-    (a runner from before silver), the bronze table's from ``delta_version``, ``rows_added`` and
-    ``replayed``."""
-    writes = [w for w in message.get("writes") or [] if isinstance(w, dict)]
-    if writes or message.get("stage", "bronze") != "bronze":
-        return writes
-    return [
-        {
-            "table": None,
-            "role": "bronze",
-            "version": message.get("delta_version"),
-            "rows": message.get("rows_added", 0),
-            "skipped": bool(message.get("replayed")),
-        }
-    ]
 
 
 @dataclass(frozen=True)
@@ -96,11 +89,18 @@ class FlowTables:
         by_role = flow_table_keys(spec)
         return cls({key.path[-1]: key for key in by_role.values()}, by_role)
 
-    def key_of(self, write: dict[str, Any]) -> AssetKey | None:
-        table = write.get("table")
-        if table is not None:
-            return self.by_table.get(str(table))
-        return self.by_role.get(str(write.get("role")))
+    def writes_of(self, batch: BatchCommitted) -> list[tuple[AssetKey, TableWrite]]:
+        """The batch's writes of the flow's tables, each with its table's asset key. A bronze
+        batch that lists none (a runner from before silver) wrote the bronze table: its write
+        is the batch's ``delta_version``, ``rows_added`` and ``replayed``."""
+        writes = batch.writes
+        if not writes and batch.is_bronze:
+            bronze = role_id(TableRole.BRONZE)
+            table = self.by_role[bronze].path[-1]
+            writes = (
+                TableWrite(table, bronze, batch.delta_version, batch.rows_added, batch.replayed),
+            )
+        return [(self.by_table[w.table], w) for w in writes if w.table in self.by_table]
 
 
 def pipes_asset_keys(tables: dict[str, FlowTables]) -> dict[str, str]:
@@ -109,21 +109,20 @@ def pipes_asset_keys(tables: dict[str, FlowTables]) -> dict[str, str]:
     that table, and ``"<flow>"`` -> its bronze table's."""
     names: dict[str, str] = {}
     for flow, flow_tables in tables.items():
-        names[flow] = flow_tables.by_role["bronze"].to_user_string()
+        names[flow] = flow_tables.by_role[role_id(TableRole.BRONZE)].to_user_string()
         for role, key in flow_tables.by_role.items():
             names[f"{flow}/{role}"] = key.to_user_string()
     return names
 
 
-def progress_figures(batch: dict[str, Any]) -> dict[str, Any]:
+def progress_figures(batch: BatchCommitted) -> dict[str, Any]:
     """The numbers of a batch the UI plots over time: rate, duration, lag, state size."""
-    figures: dict[str, Any] = {
-        "batch_duration_ms": MetadataValue.int(int(batch.get("batch_duration_ms") or 0)),
-    }
-    for name in ("lag", "lag_versions"):
-        if batch.get(name) is not None:
-            figures[name] = MetadataValue.int(int(batch[name]))
-    state = batch.get("state") or {}
+    figures: dict[str, Any] = {"batch_duration_ms": MetadataValue.int(batch.batch_duration_ms)}
+    if batch.lag is not None:
+        figures["lag"] = MetadataValue.int(batch.lag)
+    if batch.lag_versions is not None:
+        figures["lag_versions"] = MetadataValue.int(batch.lag_versions)
+    state = batch.state or {}
     if state:
         figures["state_rows"] = MetadataValue.int(int(state.get("rows_total") or 0))
         figures["state_memory_bytes"] = MetadataValue.int(int(state.get("memory_bytes") or 0))
@@ -151,8 +150,8 @@ class ProgressRelay:
     #: The run's first batch that wrote the table: with ``last_batch_id``, the batches of the run
     #: (a GX suite with ``scope: run`` checks the rows they added).
     first_batch_id: int | None = None
-    latest: dict[str, Any] = field(default_factory=dict)
-    latest_write: dict[str, Any] = field(default_factory=dict)
+    latest: BatchCommitted | None = None
+    latest_write: TableWrite | None = None
     last_event: float = field(default_factory=time.monotonic)
     #: Silver's events table: the quality counts of the batches since the last event.
     pending_quality: dict[str, int] = field(default_factory=dict)
@@ -162,30 +161,29 @@ class ProgressRelay:
     def facts(self) -> dict[str, Any]:
         return {} if self.table is None else self.table.read()
 
-    def add(self, message: dict[str, Any], write: dict[str, Any]) -> None:
-        rows = int(write.get("rows") or 0)
-        skipped = int(bool(write.get("skipped")))
-        self.pending_rows += rows
+    def add(self, batch: BatchCommitted, write: TableWrite) -> None:
+        skipped = int(write.skipped)
+        self.pending_rows += write.rows
         self.pending_batches += 1
         self.pending_skipped += skipped
-        self.total_rows += rows
+        self.total_rows += write.rows
         self.total_batches += 1
         self.total_skipped += skipped
-        if write.get("version") is not None:
-            self.version = int(write["version"])
+        if write.version is not None:
+            self.version = write.version
         if self.first_batch_id is None:
-            self.first_batch_id = int(message["batch_id"])
-        self.latest = message
+            self.first_batch_id = batch.batch_id
+        self.latest = batch
         self.latest_write = write
 
-    def add_quality(self, quality: dict[str, Any]) -> None:
+    def add_quality(self, quality: BatchQuality) -> None:
         """Sum a silver batch's row counts and expectation failures into the next event (which
         only a batch that wrote the table makes: counts alone are not a materialization)."""
-        counts = {k: quality.get(k) or 0 for k in QUALITY_COUNTS}
-        for outcome in quality.get("expectations") or []:
-            counts[f"failed_{outcome['name']}"] = outcome["failed"]
+        counts = {name: int(getattr(quality, name)) for name in QUALITY_COUNTS}
+        for outcome in quality.expectations:
+            counts[f"failed_{outcome.name}"] = outcome.failed
         for name, value in counts.items():
-            self.pending_quality[name] = self.pending_quality.get(name, 0) + int(value)
+            self.pending_quality[name] = self.pending_quality.get(name, 0) + value
 
     def flush(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -199,21 +197,22 @@ class ProgressRelay:
 
     def _metadata(self) -> dict[str, Any]:
         quality = {f"quality_{k}": MetadataValue.int(v) for k, v in self.pending_quality.items()}
-        latest = self.latest
+        latest, write = self.latest, self.latest_write
+        assert latest is not None and write is not None, "only a table written has an event"
         metadata: dict[str, Any] = {
             **quality,
             "rows_written": MetadataValue.int(self.pending_rows),
             "batches": MetadataValue.int(self.pending_batches),
-            "replayed": MetadataValue.bool(bool(self.latest_write.get("skipped"))),
+            "replayed": MetadataValue.bool(write.skipped),
             "replayed_batches": MetadataValue.int(self.pending_skipped),
-            "stage": MetadataValue.text(str(latest.get("stage", "bronze"))),
-            "last_batch_id": MetadataValue.int(int(latest["batch_id"])),
+            "stage": MetadataValue.text(latest.stage),
+            "last_batch_id": MetadataValue.int(latest.batch_id),
             **self._first_batch(),
-            "rows_per_second": MetadataValue.float(float(latest["processed_rows_per_second"])),
-            "end_offsets": MetadataValue.json(latest.get("end_offsets") or {}),
+            "rows_per_second": MetadataValue.float(latest.processed_rows_per_second),
+            "end_offsets": MetadataValue.json(latest.end_offsets or {}),
         }
-        if self.latest_write.get("version") is not None:
-            metadata["delta_version"] = MetadataValue.int(int(self.latest_write["version"]))
+        if write.version is not None:
+            metadata["delta_version"] = MetadataValue.int(write.version)
         metadata.update(progress_figures(latest))
         return {**self.facts(), **metadata}
 
@@ -224,11 +223,11 @@ class ProgressRelay:
 
     def batch_range(self) -> dict[str, Any]:
         """The first and last batch of the run that wrote the table (none: empty)."""
-        if not self.latest:
+        if self.latest is None:
             return {}
         return {
             **self._first_batch(),
-            "last_batch_id": MetadataValue.int(int(self.latest["batch_id"])),
+            "last_batch_id": MetadataValue.int(self.latest.batch_id),
         }
 
     def run_metadata(self) -> dict[str, Any]:
@@ -261,6 +260,10 @@ class RunMonitor:
     evaluation_interval: float = 15.0
     seen: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Why each flow stopped, as the child reported it.
+    stops: list[FlowStopped] = field(default_factory=list)
+    #: The stages whose queries started.
+    started: list[StageStarted] = field(default_factory=list)
     lags: dict[str, Any] = field(default_factory=dict)
     #: Per flow with silver: the run's totals of its stream checks (:mod:`quality.checks`).
     checks: dict[str, StreamChecks] = field(default_factory=dict)
@@ -271,14 +274,21 @@ class RunMonitor:
     last_heartbeat: float = field(default_factory=time.monotonic)
 
     def poll(self, messages: Sequence[Any], final: bool = False) -> None:
-        for message in messages[self.seen :]:
+        for raw in messages[self.seen :]:
             self.seen += 1
-            if not isinstance(message, dict):
+            try:
+                message = parse_message(raw)
+            except MessageError as exc:
+                self.context.log.warning(f"a message from the Spark application ignored: {exc}")
                 continue
-            if message.get("type") == "batch" and message.get("flow") in self.tables:
+            if isinstance(message, BatchCommitted) and message.flow in self.tables:
                 self._batch(message)
-            elif message.get("type") == "error":
-                self.errors.append(str(message["message"]))
+            elif isinstance(message, ErrorReported):
+                self.errors.append(message.message)
+            elif isinstance(message, FlowStopped):
+                self.stops.append(message)
+            elif isinstance(message, StageStarted):
+                self.started.append(message)
         if not self.live:
             return
         for relay in self.relays.values():
@@ -287,26 +297,24 @@ class RunMonitor:
             self.context.log.info(f"heartbeat: flows running, lag per flow {self.lags}")
             self.last_heartbeat = time.monotonic()
 
-    def _batch(self, message: dict[str, Any]) -> None:
-        flow = str(message["flow"])
-        if message.get("stage", "bronze") == "bronze":
-            self.lags[flow] = message.get("lag")
-        quality = message.get("quality")
-        stage = str(message.get("stage", "bronze"))
-        if quality and flow in self.checks and stage == "silver":
+    def _batch(self, batch: BatchCommitted) -> None:
+        flow = batch.flow
+        if batch.is_bronze:
+            self.lags[flow] = batch.lag
+        # The checks (quality/) read the batch as the JSON object the child sent.
+        if isinstance(batch.quality, BatchQuality) and flow in self.checks and batch.is_silver:
             checks = self.checks[flow]
-            self._evaluate(checks, checks.add(message))
+            self._evaluate(checks, checks.add(batch.to_json()))
             relay = self.relays.get(checks.events)
             if relay is not None:
-                relay.add_quality(quality)
-        if stage.startswith("gold."):
-            gold = self.gold_checks.get((flow, stage.removeprefix("gold.").split(".", 1)[0]))
+                relay.add_quality(batch.quality)
+        if batch.gold_table is not None:
+            gold = self.gold_checks.get((flow, batch.gold_table))
             if gold is not None:
-                self._evaluate(gold, gold.add(message))
-        for write in batch_writes(message):
-            key = self.tables[flow].key_of(write)
-            if key is not None and key in self.relays:
-                self.relays[key].add(message, write)
+                self._evaluate(gold, gold.add(batch.to_json()))
+        for key, write in self.tables[flow].writes_of(batch):
+            if key in self.relays:
+                self.relays[key].add(batch, write)
 
     def _evaluate(self, checks: StreamChecks | GoldChecks, changed: bool) -> None:
         """Log a check group's run so far: at once when a status changed, else at most once
@@ -322,18 +330,17 @@ class RunMonitor:
         with the error. Returns whether any flow stopped so (running it again would stop it
         again: not a crash to restart)."""
         stopped = False
-        for flow, checks in self.checks.items():
-            for error in self.errors:
-                names = failed_expectations(error, flow)
-                for name in names:
-                    checks.fail_expectation(name, error)
-                schema_change = schema_change_stopped(error, flow)
-                if schema_change:
-                    checks.fail_schema_change(error)
-                if names or schema_change:
-                    stopped = True
-                    for evaluation in checks.evaluations():
-                        self.context.log_event(evaluation)
+        for stop in self.stops:
+            checks = self.checks.get(stop.flow)
+            if checks is None or not stop.reason.repeats_on_restart:
+                continue
+            for name in stop.expectations:
+                checks.fail_expectation(name, stop.message)
+            if stop.reason is StopReason.SCHEMA_CHANGE_REFUSED:
+                checks.fail_schema_change(stop.message)
+            stopped = True
+            for evaluation in checks.evaluations():
+                self.context.log_event(evaluation)
         return stopped
 
 
@@ -401,15 +408,16 @@ def run_flows(
     extras = {"asset_keys": pipes_asset_keys(tables)}
     settings = load_settings()
     lineage = {key: deps for spec in specs for key, deps in column_lineage(spec).items()}
+    paths = {spec.name: declared_paths(spec, settings) for spec in specs}
     relays = {
         key: ProgressRelay(
             context,
             key,
             spark_submit.progress_interval_seconds,
-            table=TableFacts(str(table_paths(spec, settings)[role]), lineage.get(key)),
+            table=TableFacts(str(paths[spec.name][table_id]), lineage.get(key)),
         )
         for spec in specs
-        for role, key in tables[spec.name].by_role.items()
+        for table_id, key in tables[spec.name].by_role.items()
     }
     monitor = RunMonitor(
         context,
@@ -425,7 +433,7 @@ def run_flows(
             monitor.checks[spec.name] = StreamChecks(spec, events)
             monitor.last_evaluated[id(monitor.checks[spec.name])] = time.monotonic()
         for gold in spec.gold:
-            key = tables[spec.name].by_role[f"gold/{gold.table}"]
+            key = key_of(spec, TableRole.GOLD, gold.table)
             monitor.gold_checks[(spec.name, gold.table)] = GoldChecks(gold, key)
     worker_pid = run_worker_pid(context)
     context.instance.add_run_tags(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dagster import AssetKey, TableColumnDep, TableColumnLineage
 
-from assets.keys import flow_table_keys
+from assets.keys import key_of
+from pipelines.catalog.roles import TableRole
 from pipelines.spec import (
     AnyGold,
     FlowSpec,
@@ -36,7 +37,7 @@ def _deps(**columns: list[tuple[AssetKey, str]]) -> TableColumnLineage:
 
 
 def _gold_lineage(spec: FlowSpec, gold: AnyGold) -> TableColumnLineage:
-    events = flow_table_keys(spec)["events"]
+    events = key_of(spec, TableRole.EVENTS)
     if isinstance(gold, GoldSpec):
         columns = {c: [(events, c)] for c in gold.group_by}
         columns["window_start"] = columns["window_end"] = [(events, gold.event_time)]
@@ -46,7 +47,7 @@ def _gold_lineage(spec: FlowSpec, gold: AnyGold) -> TableColumnLineage:
         return _deps(**columns)
     assert isinstance(gold, GoldJoinSpec)
     join = gold.join
-    other = flow_table_keys(join_input(spec, gold))["events"]
+    other = key_of(join_input(spec, gold), TableRole.EVENTS)
     columns = {key: [(events, key), (other, key)] for key in join.keys}
     for name, column in zip(join.left.output_names(), join.left.columns, strict=True):
         columns.setdefault(name, [(events, column)])
@@ -62,8 +63,7 @@ def column_lineage(spec: FlowSpec) -> dict[AssetKey, TableColumnLineage]:
     silver = spec.silver
     if silver is None or silver.transform is not None:
         return {}
-    keys = flow_table_keys(spec)
-    bronze, events = keys["bronze"], keys["events"]
+    bronze, events = key_of(spec, TableRole.BRONZE), key_of(spec, TableRole.EVENTS)
     parsed = silver.columns()
     lineage = {
         events: _deps(
@@ -73,9 +73,9 @@ def column_lineage(spec: FlowSpec) -> dict[AssetKey, TableColumnLineage]:
     }
     if silver.current is not None:
         kept = silver.current.kept_columns(parsed)
-        lineage[keys["current"]] = _deps(**{c: [(events, c)] for c in kept})
+        lineage[key_of(spec, TableRole.CURRENT)] = _deps(**{c: [(events, c)] for c in kept})
     if silver.history is not None:
-        lineage[keys["history"]] = _deps(**{c: [(events, c)] for c in parsed})
+        lineage[key_of(spec, TableRole.HISTORY)] = _deps(**{c: [(events, c)] for c in parsed})
     for gold in spec.gold:
-        lineage[keys[f"gold/{gold.table}"]] = _gold_lineage(spec, gold)
+        lineage[key_of(spec, TableRole.GOLD, gold.table)] = _gold_lineage(spec, gold)
     return lineage

@@ -33,6 +33,7 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from assets.keys import flow_table_keys
+from pipelines.catalog.roles import TableRole, parse_role_id, role_id
 from pipelines.maintenance import TableReport, maintain_flow
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
@@ -52,11 +53,13 @@ def maintenance_pool(spec: FlowSpec) -> str:
     return f"conflux/maintain/{spec.name}"
 
 
-def observed_key(spec: FlowSpec, role: str) -> AssetKey | None:
+def observed_key(spec: FlowSpec, table_id: str) -> AssetKey | None:
     """The asset a table's maintenance is reported on: its own, or for the current table's
-    ``__deleted_keys`` side table, the current table's."""
-    keys = flow_table_keys(spec)
-    return keys.get("current" if role == "deleted_keys" else role)
+    ``__deleted_keys`` side table, the current table's (a gold table's side tables: none)."""
+    role, gold = parse_role_id(table_id)
+    if role is TableRole.DELETED_KEYS:
+        role = TableRole.CURRENT
+    return flow_table_keys(spec).get(role_id(role, gold))
 
 
 def observation_metadata(report: TableReport) -> dict[str, Any]:

@@ -27,8 +27,8 @@ from dagster import (
     sensor,
 )
 
+from pipelines.catalog.state import FlowState
 from pipelines.lease import process_gone
-from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
@@ -38,7 +38,7 @@ RUN_WORKER_TAG = "conflux/run_worker"
 
 
 def dead_run_worker_sensor(specs: list[FlowSpec], settings: Settings) -> SensorDefinition:
-    lease_stores = {spec.name: FlowLocations.of(spec, settings).lease_store() for spec in specs}
+    lease_stores = {spec.name: FlowState.of(spec, settings).lease_store() for spec in specs}
 
     @sensor(
         name="conflux_dead_run_workers",

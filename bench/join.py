@@ -98,9 +98,11 @@ def round_rows(spark: Any, plan: Plan, round_index: int) -> tuple[Any, Any]:
 def conflux_runner(folder: Path) -> tuple[Any, dict[str, str]]:
     """The pipeline of the flow with the join (its two gold stages among its stages) and the
     paths of both flows' events tables."""
+    from pipelines.catalog.roles import TableRole
+    from pipelines.catalog.state import FlowState
+    from pipelines.catalog.tables import FlowCatalog
     from pipelines.flow import FlowPipeline
     from pipelines.identity import FlowIdentity, write_identity
-    from pipelines.locations import FlowLocations, table_paths
     from pipelines.progress import ProgressTracker
     from pipelines.settings import load_settings
     from pipelines.spec import load_specs
@@ -145,7 +147,7 @@ def conflux_runner(folder: Path) -> tuple[Any, dict[str, str]]:
     specs = {s.name: s for s in load_specs(folder)}
     settings = load_settings()
     for spec in specs.values():
-        locations = FlowLocations.of(spec, settings)
+        locations = FlowState.of(spec, settings)
         write_identity(locations, FlowIdentity.new(spec, locations))
 
     class Quiet:
@@ -153,7 +155,10 @@ def conflux_runner(folder: Path) -> tuple[Any, dict[str, str]]:
             pass
 
     pipeline = FlowPipeline(specs["bench_orders"], settings, None, ProgressTracker(Quiet()))
-    events = {name: str(table_paths(spec, settings)["events"]) for name, spec in specs.items()}
+    events = {
+        name: FlowCatalog.of(spec, settings).table(TableRole.EVENTS).location
+        for name, spec in specs.items()
+    }
     return pipeline, events
 
 
@@ -195,7 +200,8 @@ def spark_query(spark: Any, orders: str, payments: str, joined: str, checkpoint:
 
 
 def measure(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
-    from pipelines.locations import gold_table_path
+    from pipelines.catalog.roles import TableRole, is_gold_stage
+    from pipelines.catalog.tables import FlowCatalog
     from pipelines.settings import load_settings
 
     plan = Plan(**raw)
@@ -205,7 +211,7 @@ def measure(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
     plain = {name: str(work / name) for name in ("orders", "payments", "joined", "checkpoint")}
     seconds = {"conflux": 0.0, "spark": 0.0}
-    gold_stages = [s for s in pipeline.stages if s.kind.startswith("gold.")]
+    gold_stages = [s for s in pipeline.stages if is_gold_stage(s.kind)]
     last: dict[str, Any] = {}
     dropped, events = 0, 0
     for round_index in range(plan.rounds):
@@ -238,9 +244,12 @@ def measure(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
         say(f"gold_join: round {round_index + 1}/{plan.rounds} done")
     conflux_state = state_of(last["gold.bench_order_payments"])
     spark_state = state_of(last["spark"])
-    late_path = str(gold_table_path(settings, "bench_order_payments_late"))
+    catalog = FlowCatalog.of(pipeline.spec, settings)
+    late_path = catalog.table(TableRole.LATE, "bench_order_payments").location
     late = spark.read.format("delta").load(late_path).count()
-    joined = spark.read.format("delta").load(str(gold_table_path(settings, "bench_order_payments")))
+    joined = spark.read.format("delta").load(
+        catalog.table(TableRole.GOLD, "bench_order_payments").location
+    )
     columns = ["order_id", "amount", "payment_id", "paid", "_left_time", "_right_time"]
     ours = joined.select(*columns)
     theirs = spark.read.format("delta").load(plain["joined"]).select(*columns)

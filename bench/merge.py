@@ -258,15 +258,15 @@ def measure(
     spark: Any, runtime: Path, number: int, variant: Variant, batches: int
 ) -> dict[str, Any]:
     """Create the stage's tables, load the current table, MERGE ``batches`` batches into it."""
+    from pipelines.catalog.state import FlowState
     from pipelines.identity import FlowIdentity, write_identity
-    from pipelines.locations import FlowLocations
     from pipelines.settings import load_settings
     from pipelines.silver.parse import EVENT_METADATA
     from pipelines.stages.silver import SilverStage
 
     settings = load_settings()
     spec = flow_spec(f"merge{number}", variant.table)
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     write_identity(locations, FlowIdentity.new(spec, locations))
     stage = SilverStage(spec, settings, None, lambda _commit: None)
     stage.prepare(spark)

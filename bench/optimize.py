@@ -115,8 +115,9 @@ def measure_reads(spark: Any, path: str, keys: int, reads: int) -> dict[str, Any
 
 def measure(spark: Any, number: int, plan: Plan, deletion_vectors: bool) -> dict[str, Any]:
     from bench.merge import flow_spec
+    from pipelines.catalog.roles import TableRole
+    from pipelines.catalog.state import FlowState
     from pipelines.identity import FlowIdentity, write_identity
-    from pipelines.locations import FlowLocations
     from pipelines.maintenance import describe, flow_tables, maintain_table
     from pipelines.settings import load_settings
     from pipelines.silver.parse import EVENT_METADATA
@@ -124,7 +125,7 @@ def measure(spark: Any, number: int, plan: Plan, deletion_vectors: bool) -> dict
 
     settings = load_settings()
     spec = flow_spec(f"optimize{number}")
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     write_identity(locations, FlowIdentity.new(spec, locations))
     stage = SilverStage(spec, settings, None, lambda _commit: None)
     stage.prepare(spark)
@@ -151,7 +152,7 @@ def measure(spark: Any, number: int, plan: Plan, deletion_vectors: bool) -> dict
     if content[0] != existing:
         raise SystemExit(f"the table holds {content[0]} rows, expected {existing}")
     reads_before = measure_reads(spark, path, existing, plan.reads)
-    [table] = [t for t in flow_tables(spec, settings) if t.role == "current"]
+    [table] = [t for t in flow_tables(spec, settings) if t.role is TableRole.CURRENT]
     report = maintain_table(spark, spec, table, [], do_optimize=True, do_vacuum=False)
     if not report.ok:
         raise SystemExit(f"OPTIMIZE failed: {report.errors}")

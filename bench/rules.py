@@ -104,8 +104,8 @@ def bronze_batch(spark: Any, records: int) -> Any:
 
 
 def stage_for(spark: Any, label: str, rules: int, new_columns: str) -> Any:
+    from pipelines.catalog.state import FlowState
     from pipelines.identity import FlowIdentity, write_identity
-    from pipelines.locations import FlowLocations
     from pipelines.settings import load_settings
     from pipelines.spec import parse_spec
     from pipelines.stages.silver import SilverStage
@@ -126,7 +126,7 @@ def stage_for(spark: Any, label: str, rules: int, new_columns: str) -> Any:
         f"<bench {name}>",
     )
     settings = load_settings()
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     write_identity(locations, FlowIdentity.new(spec, locations))
     stage = SilverStage(spec, settings, None, lambda _commit: None)
     stage.prepare(spark)

@@ -79,9 +79,11 @@ def events_round(spark: Any, plan: Plan, round_index: int) -> Any:
 
 def conflux_runner() -> tuple[Any, str]:
     """The pipeline of a gold flow (its two gold stages among its stages); the events table's path."""
+    from pipelines.catalog.roles import TableRole
+    from pipelines.catalog.state import FlowState
+    from pipelines.catalog.tables import FlowCatalog
     from pipelines.flow import FlowPipeline
     from pipelines.identity import FlowIdentity, write_identity
-    from pipelines.locations import FlowLocations, table_paths
     from pipelines.progress import ProgressTracker
     from pipelines.settings import load_settings
     from pipelines.spec import parse_spec
@@ -109,7 +111,7 @@ def conflux_runner() -> tuple[Any, str]:
         "<bench gold>",
     )
     settings = load_settings()
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     write_identity(locations, FlowIdentity.new(spec, locations))
 
     class Quiet:
@@ -117,7 +119,7 @@ def conflux_runner() -> tuple[Any, str]:
             pass
 
     pipeline = FlowPipeline(spec, settings, None, ProgressTracker(Quiet()))
-    return pipeline, str(table_paths(spec, settings)["events"])
+    return pipeline, FlowCatalog.of(spec, settings).table(TableRole.EVENTS).location
 
 
 def spark_query(spark: Any, events: str, gold: str, checkpoint: str) -> Any:
@@ -175,17 +177,21 @@ def state_of(query: Any) -> dict[str, int]:
 def measure(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from pipelines.locations import gold_table_path
+    from pipelines.catalog.roles import TableRole, is_gold_stage
+    from pipelines.catalog.tables import FlowCatalog
     from pipelines.settings import load_settings
 
     plan = Plan(**raw)
     settings = load_settings()
     pipeline, conflux_events = conflux_runner()
+    catalog = FlowCatalog.of(pipeline.spec, settings)
+    gold_path = catalog.table(TableRole.GOLD, "bench_revenue").location
+    late_path = catalog.table(TableRole.LATE, "bench_revenue").location
     work = settings.runtime_dir / "plain"
     shutil.rmtree(work, ignore_errors=True)
     plain_events, plain_gold = str(work / "events"), str(work / "gold")
     seconds = {"conflux": 0.0, "spark": 0.0}
-    gold_stages = [s for s in pipeline.stages if s.kind.startswith("gold.")]
+    gold_stages = [s for s in pipeline.stages if is_gold_stage(s.kind)]
     last: dict[str, Any] = {}
     dropped = 0
     for round_index in range(plan.rounds):
@@ -196,7 +202,7 @@ def measure(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
         if round_index == 0:
             for stage in gold_stages:
                 stage.prepare(spark)
-            empty = spark.read.format("delta").load(str(gold_table_path(settings, "bench_revenue")))
+            empty = spark.read.format("delta").load(gold_path)
             empty.select("window_start", "window_end", "customer", "revenue", "orders").limit(
                 0
             ).write.format("delta").save(plain_gold)
@@ -215,12 +221,8 @@ def measure(spark: Any, raw: dict[str, Any]) -> dict[str, Any]:
         say(f"gold_stateful: round {round_index + 1}/{plan.rounds} done")
     conflux_state = state_of(last["gold.bench_revenue"])
     spark_state = state_of(last["spark"])
-    late = (
-        spark.read.format("delta")
-        .load(str(gold_table_path(settings, "bench_revenue_late")))
-        .count()
-    )
-    conflux_gold = spark.read.format("delta").load(str(gold_table_path(settings, "bench_revenue")))
+    late = spark.read.format("delta").load(late_path).count()
+    conflux_gold = spark.read.format("delta").load(gold_path)
     columns = ["window_start", "customer", F.round("revenue", 4).alias("revenue"), "orders"]
     ours = conflux_gold.select(*columns)
     theirs = spark.read.format("delta").load(plain_gold).select(*columns)

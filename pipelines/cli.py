@@ -22,14 +22,15 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from types import FrameType
-from typing import Any
 
+from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import FlowCatalog, check_distinct_tables
 from pipelines.errors import ConfigError
 from pipelines.health import flow_health
 from pipelines.identity import read_identity, reset_flow
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm
-from pipelines.locations import FlowLocations, check_distinct_tables
+from pipelines.messages import BatchCommitted, FlowStatus, MessageError
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import Settings, load_settings
@@ -51,12 +52,22 @@ def _spec(settings: Settings, name: str) -> FlowSpec:
 
 
 def _lease(spec: FlowSpec, settings: Settings) -> LeaseTerm | None:
-    return FlowLocations.of(spec, settings).lease_store().latest()
+    return FlowState.of(spec, settings).lease_store().latest()
 
 
-def _status(spec: FlowSpec, settings: Settings) -> dict[str, Any]:
-    path = FlowLocations.of(spec, settings).status_file
-    return json.loads(path.read_text()) if path.exists() else {}
+def _status(spec: FlowSpec, settings: Settings) -> FlowStatus:
+    """The flow's ``_status.json`` (empty before its first batch); one an earlier version of
+    Conflux wrote reads too."""
+    path = FlowState.of(spec, settings).status_file
+    if not path.exists():
+        return FlowStatus()
+    try:
+        return FlowStatus.parse(json.loads(path.read_text()))
+    except (json.JSONDecodeError, MessageError) as exc:
+        raise ConfigError(
+            f"{path}: not a status file this version reads ({exc}); delete it: the flow's next "
+            "batch writes it again"
+        ) from exc
 
 
 def _state(term: LeaseTerm | None) -> str:
@@ -76,21 +87,22 @@ def cmd_validate(settings: Settings, _args: argparse.Namespace) -> int:
 def cmd_flows(settings: Settings, _args: argparse.Namespace) -> int:
     print(f"{'flow':24} {'trigger':14} {'state':32} {'last batch':>10} {'lag':>8}")
     for spec in _specs(settings):
-        last = _status(spec, settings).get("last_batch", {})
-        lag = last.get("lag")
+        last = _status(spec, settings).last_batch
+        batch_id = "-" if last is None else last.batch_id
+        lag = None if last is None else last.lag
         print(
             f"{spec.name:24} {spec.trigger.mode:14} {_state(_lease(spec, settings)):32} "
-            f"{last.get('batch_id', '-')!s:>10} {'-' if lag is None else lag!s:>8}"
+            f"{batch_id!s:>10} {'-' if lag is None else lag!s:>8}"
         )
     return 0
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec(settings, args.flow)
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     term = _lease(spec, settings)
     identity = read_identity(locations)
-    last = _status(spec, settings).get("last_batch", {})
+    last = _status(spec, settings).last_batch
     report = {
         "flow": spec.name,
         "state": _state(term),
@@ -98,7 +110,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         "table": str(locations.table),
         "checkpoint": str(locations.checkpoint),
         "generation": None if identity is None else identity.generation,
-        "last_batch": last or None,
+        # as the status file holds it (keys sorted at every level, as earlier versions printed it)
+        "last_batch": None
+        if last is None
+        else json.loads(json.dumps(last.to_json(), sort_keys=True)),
         "health": None if (health := flow_health(spec, settings)) is None else health.metadata(),
     }
     if args.json:
@@ -109,14 +124,13 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     if term is not None:
         print(f"lease       {term.describe()}")
     print(f"table       {locations.table}  (checkpoint generation {report['generation']})")
-    if last:
+    if last is not None:
         print(
-            f"last batch  {last['batch_id']} at {last['timestamp']}: {last['rows_added']} rows "
-            f"added, {last['processed_rows_per_second']} rows/s, "
-            f"Delta version {last['delta_version']}"
-            + (" (replay skipped)" if last["replayed"] else "")
+            f"last batch  {last.batch_id} at {last.timestamp}: {last.rows_added} rows "
+            f"added, {last.processed_rows_per_second} rows/s, "
+            f"Delta version {last.delta_version}" + (" (replay skipped)" if last.replayed else "")
         )
-        for partition, lag in sorted((last.get("partition_lag") or {}).items()):
+        for partition, lag in sorted((last.partition_lag or {}).items()):
             print(f"  lag {partition:30} {lag}")
     else:
         print("last batch  none yet")
@@ -139,10 +153,10 @@ class _ProgressBar:
     def line(self, text: str) -> None:
         if not text.startswith(PROGRESS_PREFIX):
             return
-        batch = json.loads(text[len(PROGRESS_PREFIX) :])
-        self.rows += int(batch["rows_added"])
-        self._bar.update(int(batch["rows_added"]))
-        self._bar.set_postfix(batch=batch["batch_id"], lag=batch.get("lag"))
+        batch = BatchCommitted.parse(json.loads(text[len(PROGRESS_PREFIX) :]))
+        self.rows += batch.rows_added
+        self._bar.update(batch.rows_added)
+        self._bar.set_postfix(batch=batch.batch_id, lag=batch.lag)
 
     def close(self) -> None:
         self._bar.close()
@@ -223,7 +237,7 @@ def _attend(application: FlowApplication, flows: Sequence[str]) -> int:
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec(settings, args.flow)
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     term = _lease(spec, settings)
     if term is None or not term.live():
         print(f"flow {spec.name} is not running")
@@ -248,9 +262,9 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
     spec = _spec(settings, args.flow)
     if args.stage is not None:
-        from pipelines.silver.tables import reset_silver
+        from pipelines.catalog.lifecycle import reset_stage
 
-        moved = reset_silver(spec, settings, args.stage)
+        moved = reset_stage(spec, settings, args.stage)
         for what, where in moved:
             print(f"moved {what} -> {where}")
         source = "bronze table" if args.stage == "silver" else "silver events table"
@@ -260,10 +274,10 @@ def cmd_reset(settings: Settings, args: argparse.Namespace) -> int:
             "nothing deleted)"
         )
         return 0
-    identity = reset_flow(spec, FlowLocations.of(spec, settings))
+    identity = reset_flow(spec, FlowState.of(spec, settings))
     print(
         f"flow {spec.name}: new checkpoint generation {identity.generation} (the old one is in "
-        f"{FlowLocations.of(spec, settings).archive_dir}); the next run reads the source from its "
+        f"{FlowState.of(spec, settings).archive_dir}); the next run reads the source from its "
         f"starting_offsets and takes over {identity.table_path} "
         f"({datetime.now(UTC).isoformat(timespec='seconds')})"
     )
@@ -347,6 +361,57 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
+    """Every table and piece of state the flow owns, as the catalog derives them: what runs,
+    resets, refreshes, maintenance and the Dagster assets all read."""
+    spec = _spec(settings, args.flow)
+    catalog = FlowCatalog.of(spec, settings)
+    identity = read_identity(catalog.state)
+    tables = [
+        {
+            "id": table.id,
+            "layer": table.layer.value,
+            "name": table.name,
+            "location": table.location,
+            "exists": (table.path / "_delta_log").is_dir(),
+            "written_by": table.writer,
+            "asset_key": "/".join(table.asset_key_path) if table.asset_key_path else None,
+            "txn_app_id": None
+            if identity is None or table.writer is None
+            else table.app_id(identity),
+        }
+        for table in catalog
+    ]
+    state = catalog.state
+    checkpoints = {stage: str(path) for stage, path in catalog.query_checkpoints().items()}
+    files = {
+        "identity": state.identity_file,
+        "lease": state.lease_dir,
+        "stop channel": state.control_dir,
+        "status": state.status_file,
+        "health": state.health_file,
+        "archive": state.archive_dir,
+    }
+    if args.json:
+        state_files = {k: str(v) for k, v in files.items()}
+        print(json.dumps({"flow": spec.name, "tables": tables, "checkpoints": checkpoints,
+                          "state": state_files}, indent=2))  # fmt: skip
+        return 0
+    print(f"flow {spec.name} ({spec.spec_file}): {len(tables)} tables, state in {state.flow_dir}")
+    for row in tables:
+        asset = row["asset_key"] or "(side table)"
+        print(
+            f"  {row['id']:30} {row['layer']:6} {asset:40} "
+            f"{'' if row['exists'] else '(not created yet) '}{row['location']}"
+        )
+    print("checkpoints")
+    for stage, checkpoint in checkpoints.items():
+        print(f"  {stage:30} {checkpoint}")
+    for what, path in files.items():
+        print(f"{what:32} {path}")
+    return 0
+
+
 def cmd_schema(_settings: Settings, _args: argparse.Namespace) -> int:
     print(json.dumps(json_schema(), indent=2))
     return 0
@@ -361,6 +426,12 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("flow")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
+    catalog = commands.add_parser(
+        "catalog", help="every table and piece of state a flow owns, and where it lives"
+    )
+    catalog.add_argument("flow")
+    catalog.add_argument("--json", action="store_true", help="machine-readable output")
+    catalog.set_defaults(func=cmd_catalog)
     run = commands.add_parser("run", help="run flows in one Spark application (Ctrl-C stops)")
     run.add_argument("flows", nargs="+", metavar="FLOW")
     mode = run.add_mutually_exclusive_group()

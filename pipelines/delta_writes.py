@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from delta.exceptions import (
@@ -43,6 +42,8 @@ from delta.exceptions import (
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+# Defined beside the messages it travels in; the writes here make them.
+from pipelines.messages import TableWrite as TableWrite
 from pipelines.progress import delta_version
 
 log = logging.getLogger(__name__)
@@ -55,26 +56,6 @@ _ROW_METRICS = {
     "STREAMING UPDATE": ("numOutputRows",),
     "MERGE": ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted"),
 }
-
-
-@dataclass(frozen=True)
-class TableWrite:
-    """What one idempotent write of a micro-batch did to one table."""
-
-    table: str
-    role: str
-    version: int | None
-    rows: int
-    skipped: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "role": self.role,
-            "version": self.version,
-            "rows": self.rows,
-            "skipped": self.skipped,
-        }
 
 
 def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:

@@ -132,21 +132,10 @@ class FlowPipeline:
         """Start the query of ``head`` (a stage with its own query) and the stages fused into it."""
         fused = self.fused_after(head)
         mode = trigger_mode or self.spec.trigger.mode
-        if isinstance(head, JoinSplitStage):  # its join query starts in the same phase
-            head.beside_join = mode != "available_now"
+        head.starting(mode)
 
         def write(batch: DataFrame, batch_id: int) -> None:
-            if not fused:
-                head.write_batch(batch, batch_id)
-                return
-            assert isinstance(head, BronzeStage), "only bronze has stages fused into it"
-            rows = head.rows(batch).persist()  # one ingestion time for bronze and what follows
-            try:
-                head.write_rows(rows, batch_id)
-                for stage in fused:
-                    stage.write_batch(rows, batch_id)
-            finally:
-                rows.unpersist()
+            head.write_with(batch, batch_id, fused)
 
         head.checkpoint.mkdir(parents=True, exist_ok=True)
         writer = (
@@ -154,7 +143,7 @@ class FlowPipeline:
             .writeStream.queryName(head.query_name)
             .option("checkpointLocation", str(head.checkpoint))
             .outputMode(head.output_mode)
-            .foreachBatch(write)
+            .foreachBatch(self.tracker.failures.watch(head.query_name, write))
         )
         if mode == "available_now":
             writer = writer.trigger(availableNow=True)

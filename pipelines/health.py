@@ -1,6 +1,6 @@
 """Stream health: a running flow's heartbeat file, and the rule that reads it.
 
-The Spark application writes each flow's heartbeat (:attr:`FlowLocations.health_file`) on every
+The Spark application writes each flow's heartbeat (:attr:`FlowState.health_file`) on every
 event Spark posts for its queries: a committed batch, a trigger that found nothing, the idle
 event Spark posts every ``spark.sql.streaming.noDataProgressEventInterval`` (10 s) while a query
 waits, and its start. A query stuck in a trigger (its source unreachable, a hung task) posts
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.catalog.state import FlowState, write_json_atomically
 from pipelines.lease import process_gone
-from pipelines.locations import FlowLocations, write_json_atomically
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, duration_seconds
 
@@ -214,7 +214,7 @@ def assess(
 def flow_health(spec: FlowSpec, settings: Settings) -> Health | None:
     """A flow's health now, or None when it is not running (no lease, or a released one): what
     the Dagster sensor records and ``conflux status`` prints."""
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     term = locations.lease_store().latest()
     if term is None or term.released:
         return None

@@ -4,7 +4,7 @@ The checkpoint is found by the flow's name and the table by ``target``: renaming
 its checkpoint, or pointing a second spec at the table would silently start a new stream over an
 existing table and ingest everything again. So each flow records who it is in two places:
 
-* ``identity.json`` beside its checkpoint (:attr:`FlowLocations.identity_file`): flow name, a flow
+* ``identity.json`` beside its checkpoint (:attr:`FlowState.identity_file`): flow name, a flow
   id (a UUID made once), the table, and the checkpoint *generation*;
 * the Delta table's properties ``conflux.flow``, ``conflux.flowId`` and ``conflux.generation``.
 
@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipelines.catalog.state import FlowState, write_json_atomically
 from pipelines.errors import ConfigError
 from pipelines.lease import FlowLease, new_owner_id, owner_details
-from pipelines.locations import FlowLocations, write_json_atomically
 from pipelines.spec import FlowSpec
 
 FLOW_PROPERTY, FLOW_ID_PROPERTY, GENERATION_PROPERTY = (
@@ -77,7 +77,7 @@ class FlowIdentity:
         }
 
     @classmethod
-    def new(cls, spec: FlowSpec, locations: FlowLocations, generation: int = 0) -> FlowIdentity:
+    def new(cls, spec: FlowSpec, locations: FlowState, generation: int = 0) -> FlowIdentity:
         return cls(
             flow=spec.name,
             flow_id=uuid.uuid4().hex,
@@ -88,7 +88,7 @@ class FlowIdentity:
         )
 
 
-def read_identity(locations: FlowLocations) -> FlowIdentity | None:
+def read_identity(locations: FlowState) -> FlowIdentity | None:
     path = locations.identity_file
     if not path.exists():
         return None
@@ -101,7 +101,7 @@ def read_identity(locations: FlowLocations) -> FlowIdentity | None:
         ) from exc
 
 
-def write_identity(locations: FlowLocations, identity: FlowIdentity) -> None:
+def write_identity(locations: FlowState, identity: FlowIdentity) -> None:
     """Replace the identity file atomically."""
     write_json_atomically(locations.identity_file, asdict(identity))
 
@@ -119,7 +119,7 @@ def checkpoint_has_offsets(checkpoint: Path) -> bool:
 
 
 def resolve_identity(
-    spec: FlowSpec, locations: FlowLocations, table_properties: Mapping[str, str] | None
+    spec: FlowSpec, locations: FlowState, table_properties: Mapping[str, str] | None
 ) -> tuple[FlowIdentity, bool]:
     """The flow's identity, and whether the table must be (re)stamped with it.
 
@@ -226,7 +226,7 @@ def _foreign_table(where: str, table_path: str, reset_hint: str) -> IdentityErro
     )
 
 
-def reset_flow(spec: FlowSpec, locations: FlowLocations) -> FlowIdentity:
+def reset_flow(spec: FlowSpec, locations: FlowState) -> FlowIdentity:
     """Start a new checkpoint generation: archive the checkpoint, bump the generation.
 
     The next run of the flow starts from the spec's ``starting_offsets`` with a new transaction
@@ -243,7 +243,7 @@ def reset_flow(spec: FlowSpec, locations: FlowLocations) -> FlowIdentity:
         lease.release()
 
 
-def _reset(spec: FlowSpec, locations: FlowLocations) -> FlowIdentity:
+def _reset(spec: FlowSpec, locations: FlowState) -> FlowIdentity:
     old = read_identity(locations)
     generation = (old.generation + 1) if old is not None else 1
     if locations.checkpoint.exists():

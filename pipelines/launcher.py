@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from pipelines.catalog.state import FlowState
 from pipelines.errors import ConfigError
 from pipelines.lease import (
     FlowLease,
@@ -38,7 +39,6 @@ from pipelines.lease import (
     owner_details,
     owner_process_gone,
 )
-from pipelines.locations import FlowLocations
 from pipelines.settings import Settings, settings_environment
 from pipelines.spark import spark_conf
 from pipelines.spec import FlowSpec
@@ -150,7 +150,7 @@ class FlowApplication:
         leases = [
             FlowLease(
                 spec.name,
-                FlowLocations.of(spec, self.settings).lease_store(),
+                FlowState.of(spec, self.settings).lease_store(),
                 self.owner,
                 owner_details(launcher=self.owner_kind, **self.details),
                 self.settings.lease_seconds,

@@ -6,7 +6,7 @@ A lease settles it up front: whoever holds a flow's lease may run it; everyone e
 naming the owner and since when.
 
 Storage: numbered terms, each created once
-    A flow's lease lives beside its checkpoint (:attr:`FlowLocations.lease_dir`) as numbered files
+    A flow's lease lives beside its checkpoint (:attr:`FlowState.lease_dir`) as numbered files
     ``term-0000000001.json``, ``term-0000000002.json``, ... Each file is one *term*: created with a
     conditional create that fails if the file exists (a hard link of a fully written temporary
     file on a POSIX filesystem; ``If-None-Match: *`` is the object-store equivalent), and never

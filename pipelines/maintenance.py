@@ -46,31 +46,30 @@ and the next table is maintained.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pyspark.sql import SparkSession
 
-from pipelines.locations import (
-    FlowLocations,
-    deleted_keys_path,
-    gold_backfills_path,
-    gold_input_path,
-    table_paths,
+from pipelines.catalog.tables import CatalogTable
+from pipelines.retention import (
+    COMMIT_FILE,
+    StreamReader,
+    UndatedVersionError,
+    flow_tables,
+    latest_version,
+    stream_needs,
+    stream_readers,
+    vacuum_retention,
 )
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, SilverTable, role_kind
+from pipelines.spec import FlowSpec
 
-#: Added to the age of the oldest version a stream still reads: covers the time between the
-#: computation and VACUUM's own clock reading, and clock skew between the stream's host and ours.
-STREAM_MARGIN = timedelta(hours=1)
 #: Tries of one maintenance command that loses commit races (the first one included).
 ATTEMPTS = 4
 #: Seconds before the first retry; doubled before each further one.
@@ -95,283 +94,7 @@ _CONFLICT_TEXT = re.compile(
     r"\b(" + "|".join(CONFLICT_EXCEPTIONS) + r")\b|"
     r"\bDELTA_(CONCURRENT_\w+|METADATA_CHANGED|PROTOCOL_CHANGED)\b"
 )
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
-_DURATION_PART = re.compile(
-    r"(\d+(?:\.\d+)?)\s*(millisecond|msec|ms|second|sec|s|minute|min|m|hour|h|day|d|week|w)s?\b",
-    re.IGNORECASE,
-)
-_UNIT_SECONDS = {
-    "millisecond": 0.001,
-    "msec": 0.001,
-    "ms": 0.001,
-    "second": 1,
-    "sec": 1,
-    "s": 1,
-    "minute": 60,
-    "min": 60,
-    "m": 60,
-    "hour": 3600,
-    "h": 3600,
-    "day": 86400,
-    "d": 86400,
-    "week": 604800,
-    "w": 604800,
-}
-
 T = TypeVar("T")
-
-
-# --- what to maintain -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MaintainedTable:
-    """One Delta table of a flow, as maintenance sees it."""
-
-    role: str  # bronze, events, quarantine, current, deleted_keys, history
-    table: str
-    path: Path
-    #: The spec section a user edits about this table, for messages.
-    spec_field: str
-    z_order_by: tuple[str, ...] = ()
-
-
-def flow_tables(spec: FlowSpec, settings: Settings) -> list[MaintainedTable]:
-    """Every table the flow writes, bronze first; the current table's side table after it."""
-    names = dict(spec.tables())
-    silver = spec.silver
-    table_specs: dict[str, SilverTable | None] = {}
-    if silver is not None:
-        table_specs = {
-            "events": silver.events,
-            "quarantine": silver.quarantine,
-            "current": silver.current,
-            "history": silver.history,
-        }
-    table_specs.update({f"gold/{gold.table}": gold for gold in spec.gold})
-    tables = []
-    for role, path in table_paths(spec, settings).items():
-        table_spec = table_specs.get(role)
-        spec_field = (
-            "target" if role == "bronze" else f"silver.{role}" if "/" not in role else "gold"
-        )
-        z_order = table_spec.z_order_by if table_spec is not None else ()
-        tables.append(MaintainedTable(role, names[role], path, spec_field, z_order))
-        if role_kind(role) == "gold":  # its input (the on-time rows) and its backfills' record
-            name = role.split("/", 1)[1]
-            tables += [
-                MaintainedTable(
-                    f"gold_input/{name}", f"{name}__input", gold_input_path(path), "gold"
-                ),
-                MaintainedTable(
-                    f"gold_backfills/{name}",
-                    f"{name}__backfills",
-                    gold_backfills_path(path),
-                    "gold",
-                ),
-            ]
-        if role == "current":  # its side table holds keys and sequences: no Z-order of its own
-            side = deleted_keys_path(path)
-            name = f"{names[role]}__deleted_keys"
-            tables.append(MaintainedTable("deleted_keys", name, side, "silver.current"))
-    return tables
-
-
-@dataclass(frozen=True)
-class StreamReader:
-    """A streaming query of the flow that reads one of the flow's tables as a Delta source."""
-
-    query: str
-    role: str  # the table it reads
-    checkpoint: Path
-
-
-def stream_readers(spec: FlowSpec, settings: Settings) -> list[StreamReader]:
-    """The flow's own Delta-source streams: the silver stage's query over bronze, if it has one.
-
-    ``chaining: bronze_batch`` writes silver inside bronze's micro-batch: no stream reads bronze.
-    """
-    silver = spec.silver
-    locations = FlowLocations.of(spec, settings)
-    readers = []
-    if silver is not None and silver.chaining == "stream":
-        checkpoint = locations.stage_checkpoint("silver")
-        readers.append(StreamReader(f"{spec.name}.silver", "bronze", checkpoint))
-    for gold in spec.gold:
-        split, state = f"gold.{gold.table}.split", f"gold.{gold.table}"
-        readers += [
-            StreamReader(f"{spec.name}.{split}", "events", locations.stage_checkpoint(split)),
-            StreamReader(
-                f"{spec.name}.{state}",
-                f"gold_input/{gold.table}",
-                locations.stage_checkpoint(state),
-            ),
-        ]
-    return readers
-
-
-# --- how long to keep removed files ---------------------------------------------------------------
-
-
-def parse_duration(text: str) -> timedelta | None:
-    """A spec retention (``7 days``) or a Delta interval (``interval 2 weeks 3 days``); None when
-    the text is not one (Delta validates its own properties when they are set)."""
-    body = re.sub(r"^\s*interval\s+", "", text.strip(), flags=re.IGNORECASE)
-    parts = list(_DURATION_PART.finditer(body))
-    if not parts or _DURATION_PART.sub("", body).strip():
-        return None
-    seconds = sum(float(p[1]) * _UNIT_SECONDS[p[2].lower()] for p in parts)
-    return timedelta(seconds=seconds)
-
-
-def _offset_version(offset_file: Path) -> int | None:
-    """``reservoirVersion`` of a Delta source in one ``offsets/<n>`` file (None: not a Delta one).
-
-    The file is ``v1``, the batch metadata, then one JSON line per source.
-    """
-    for line in offset_file.read_text().splitlines()[1:]:
-        if not line.startswith("{"):
-            continue
-        offset = json.loads(line)
-        if "reservoirVersion" in offset:
-            return int(offset["reservoirVersion"])
-    return None
-
-
-def _numbered(folder: Path) -> list[int]:
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-
-
-def stream_start_version(checkpoint: Path) -> int | None:
-    """The source table version a Delta-source stream restarts from; None if it never planned
-    a batch.
-
-    ``offsets/<n>`` holds where batch n *ends*; batch n starts where the last committed batch
-    (``commits/<m>``) ended. So the stream needs the versions from ``offsets/<m>`` on, or, before
-    its first commit, from its first batch's offsets (a first batch reads the snapshot of that
-    version). Read-only: the checkpoint is the stream's.
-    """
-    offsets = _numbered(checkpoint / "offsets")
-    if not offsets:
-        return None
-    committed = [b for b in _numbered(checkpoint / "commits") if b in offsets]
-    batches = [committed[-1]] if committed else offsets[:1]
-    versions = [_offset_version(checkpoint / "offsets" / str(b)) for b in batches]
-    known = [v for v in versions if v is not None]
-    return min(known) if known else None
-
-
-def latest_version(table: Path) -> int:
-    """The newest version with a commit file in ``table``'s log (-1 if none)."""
-    log = table / "_delta_log"
-    if not log.is_dir():
-        return -1
-    return max((int(m[1]) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name))), default=-1)
-
-
-class UndatedVersionError(Exception):
-    """A version a stream needs whose commit cannot be dated (its log entry is gone)."""
-
-
-def commit_time(table: Path, version: int) -> datetime | None:
-    """When ``version`` of ``table`` was committed; None if it is not committed yet (a stream
-    that has read everything points at the next version).
-
-    From the commit's ``commitInfo`` (``inCommitTimestamp``, else ``timestamp``), else the commit
-    file's modification time.
-
-    Raises:
-        UndatedVersionError: the version is committed but its commit file is gone.
-    """
-    commit = table / "_delta_log" / f"{version:020d}.json"
-    if not commit.exists():
-        if version > latest_version(table):
-            return None
-        raise UndatedVersionError(f"{commit} is gone (Delta's log retention removed it)")
-    for line in commit.read_text().splitlines():
-        action = json.loads(line)
-        info = action.get("commitInfo")
-        if info is not None:
-            millis = info.get("inCommitTimestamp", info.get("timestamp"))
-            if millis is not None:
-                return datetime.fromtimestamp(int(millis) / 1000, UTC)
-    return datetime.fromtimestamp(commit.stat().st_mtime, UTC)
-
-
-@dataclass(frozen=True)
-class StreamNeed:
-    """The oldest version of a table that a stream still reads, and when it was committed."""
-
-    query: str
-    version: int
-    committed_at: datetime | None  # None: not committed yet, the stream needs nothing older
-
-
-def stream_needs(readers: Sequence[StreamReader], table: MaintainedTable) -> list[StreamNeed]:
-    """What the readers of ``table`` still need.
-
-    Raises:
-        UndatedVersionError: a reader needs a version whose commit cannot be dated.
-    """
-    needs = []
-    for reader in readers:
-        if reader.role != table.role:
-            continue
-        version = stream_start_version(reader.checkpoint)
-        if version is not None:
-            needs.append(StreamNeed(reader.query, version, commit_time(table.path, version)))
-    return needs
-
-
-@dataclass(frozen=True)
-class Retention:
-    """The VACUUM retention of one table and why it is that long."""
-
-    hours: int
-    reason: str
-
-
-def _hours(duration: timedelta) -> int:
-    """Whole hours, rounded up (VACUUM rounds a fractional RETAIN to the nearest hour)."""
-    return max(0, math.ceil(duration.total_seconds() / 3600))
-
-
-def _age(duration: timedelta) -> str:
-    hours = duration.total_seconds() / 3600
-    return f"{hours / 24:.1f} days" if hours >= 48 else f"{hours:.1f} hours"
-
-
-def vacuum_retention(
-    declared: str,
-    table_default: str | None,
-    needs: Sequence[StreamNeed],
-    now: datetime,
-) -> Retention:
-    """The longest of: the spec's ``vacuum_retention``, the table's
-    ``delta.deletedFileRetentionDuration`` and each stream's need (age of the oldest version it
-    still reads, plus :data:`STREAM_MARGIN`)."""
-    declared_duration = parse_duration(declared)
-    assert declared_duration is not None, f"validated by the spec: {declared!r}"
-    retention = Retention(_hours(declared_duration), f"maintenance.vacuum_retention {declared}")
-    own = parse_duration(table_default) if table_default else None
-    if own is not None and _hours(own) > retention.hours:
-        retention = Retention(
-            _hours(own), f"the table's deletedFileRetentionDuration {table_default}"
-        )
-    for need in needs:
-        if need.committed_at is None:
-            continue
-        age = now - need.committed_at
-        hours = _hours(age + STREAM_MARGIN)
-        if hours > retention.hours:
-            retention = Retention(
-                hours,
-                f"stream {need.query} still reads version {need.version}, committed "
-                f"{_age(age)} ago (+{_age(STREAM_MARGIN)} margin)",
-            )
-    return retention
 
 
 # --- running the commands -------------------------------------------------------------------------
@@ -456,7 +179,7 @@ def describe(spark: SparkSession, path: Path) -> Detail:
     return Detail(int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0), row["properties"] or {})
 
 
-def run_optimize(spark: SparkSession, table: MaintainedTable) -> dict[str, int]:
+def run_optimize(spark: SparkSession, table: CatalogTable) -> dict[str, int]:
     """OPTIMIZE (Z-ordered when the spec asks); the files it removed and added."""
     statement = f"OPTIMIZE {_quoted(table.path)}"
     if table.z_order_by:
@@ -568,7 +291,7 @@ def _mb(value: int | None) -> str:
 def is_delta_table(path: Path) -> bool:
     log = path / "_delta_log"
     return log.is_dir() and any(
-        _COMMIT_FILE.match(p.name) or p.name == "_last_checkpoint" for p in log.iterdir()
+        COMMIT_FILE.match(p.name) or p.name == "_last_checkpoint" for p in log.iterdir()
     )
 
 
@@ -599,7 +322,7 @@ def maintain_flow(
 def maintain_table(
     spark: SparkSession,
     spec: FlowSpec,
-    table: MaintainedTable,
+    table: CatalogTable,
     readers: Sequence[StreamReader],
     do_optimize: bool,
     do_vacuum: bool,
@@ -607,8 +330,10 @@ def maintain_table(
 ) -> TableReport:
     """OPTIMIZE then VACUUM one table; each step's failure is recorded and the next step runs."""
     started = time.monotonic()
-    report = TableReport(table.role, table.table, str(table.path))
-    where = f"{spec.spec_file}: {table.spec_field}: the {table.role} table {table.table} at {table.path}"
+    report = TableReport(table.id, table.name, str(table.path))
+    where = (
+        f"{spec.spec_file}: {table.spec_field}: the {table.id} table {table.name} at {table.path}"
+    )
 
     def failed(error: str) -> None:
         report.status = "failed"
@@ -649,7 +374,7 @@ def maintain_table(
 def _vacuum_table(
     spark: SparkSession,
     spec: FlowSpec,
-    table: MaintainedTable,
+    table: CatalogTable,
     readers: Sequence[StreamReader],
     properties: Mapping[str, str],
     report: TableReport,

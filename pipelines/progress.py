@@ -1,11 +1,13 @@
 """Per-micro-batch progress of running flows, taken from Spark's StreamingQueryListener.
 
-For every committed micro-batch a :class:`BatchProgress` records input rows, rates, the batch
-duration, the source's offsets against the latest available ones (lag, in total and per
-partition), and what the batch's Delta commit really did: the version it wrote and the rows that
-commit added, or that the batch was a replay Delta skipped (reported by the bronze stage through
-:meth:`ProgressTracker.record_commit`). :class:`ProgressTracker` also keeps per-flow totals for
-the run's summary; ``rows_written`` counts rows Delta added, never replayed input.
+For every committed micro-batch a :class:`pipelines.messages.BatchCommitted` records input rows,
+rates, the batch duration, the source's offsets against the latest available ones (lag, in total
+and per partition), and what the batch's Delta writes really did: every table it wrote, the
+version and the rows each write added, or that the batch was a replay Delta skipped (reported by
+the stages through :meth:`ProgressTracker.record_commit`). :class:`ProgressTracker` also keeps
+per-flow totals for the run's summary; ``rows_written`` counts rows Delta added, never replayed
+input. :class:`BatchFailures` keeps the exception that failed a query's batch, which Spark hands
+back to the runner only as text.
 """
 
 from __future__ import annotations
@@ -15,47 +17,21 @@ import re
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JError
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
+from pipelines.catalog.roles import BRONZE_STAGE
 from pipelines.health import HeartbeatWriter, delta_lag
+from pipelines.messages import BatchCommitted, Quality, TableWrite
 
-
-@dataclass(frozen=True)
-class BatchProgress:
-    flow: str
-    stage: str
-    batch_id: int
-    input_rows: int
-    rows_added: int
-    replayed: bool
-    input_rows_per_second: float
-    processed_rows_per_second: float
-    batch_duration_ms: int
-    end_offsets: Any
-    latest_offsets: Any
-    lag: int | None
-    partition_lag: dict[str, int] | None
-    delta_version: int | None
-    timestamp: str
-    writes: list[dict[str, Any]] = field(default_factory=list)
-    #: Silver: where the batch's rows went and each expectation's failures
-    #: (:class:`pipelines.silver.expectations.BatchQuality`).
-    quality: dict[str, Any] | None = None
-    #: A query reading a Delta table (silver from bronze, gold from the events): table versions
-    #: between the batch's end and the newest version it saw; Kafka sources have ``lag``.
-    lag_versions: int | None = None
-    #: Stateful queries (gold): the batch's watermark and per state operator its rows, memory,
-    #: state-store commit time and rows dropped by the watermark (:func:`state_of`).
-    state: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+#: The name the integration tests and benchmarks know the batch message by.
+BatchProgress = BatchCommitted
 
 
 @dataclass
@@ -64,7 +40,7 @@ class FlowTotals:
 
     flow: str
     table_path: str
-    stage: str = "bronze"
+    stage: str = BRONZE_STAGE
     #: Per table the stage wrote: role -> {table, rows, version}.
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows_written: int = 0
@@ -98,8 +74,9 @@ class BatchCommit:
 
     ``table_version`` and ``rows_added`` are those of the stage's main table (bronze: its table;
     silver: the current-state table's version and the events appended); ``writes`` has every
-    table the batch wrote (objects with ``to_dict()``: :class:`pipelines.delta_writes.TableWrite`);
-    ``quality`` (silver) where the batch's rows went and what its expectations found.
+    table the batch wrote (history, deleted keys, late rows included); ``quality`` the batch's
+    check results (silver: where its rows went and what its expectations found; a gold split:
+    on time, late, quarantined).
     """
 
     flow: str
@@ -107,9 +84,9 @@ class BatchCommit:
     table_version: int | None
     rows_added: int
     replayed: bool
-    stage: str = "bronze"
-    writes: tuple[Any, ...] = ()
-    quality: dict[str, Any] | None = None
+    stage: str = BRONZE_STAGE
+    writes: tuple[TableWrite, ...] = ()
+    quality: Quality | None = None
 
     @property
     def query_name(self) -> str:
@@ -118,7 +95,12 @@ class BatchCommit:
 
 def query_name(flow: str, stage: str) -> str:
     """The streaming query of a flow's stage: ``<flow>`` for bronze, ``<flow>.<stage>`` after it."""
-    return flow if stage == "bronze" else f"{flow}.{stage}"
+    return flow if stage == BRONZE_STAGE else f"{flow}.{stage}"
+
+
+def flow_of_query(query: str) -> str:
+    """The flow whose stage runs ``query`` (:func:`query_name`; a flow's name has no dot)."""
+    return query.split(".", 1)[0]
 
 
 #: Of a state operator's custom metrics, those a user reads (RocksDB's size on disk and commit
@@ -161,7 +143,7 @@ def state_of(progress: Any) -> dict[str, Any] | None:
 
 
 class ProgressSink(Protocol):
-    def batch(self, progress: BatchProgress) -> None: ...
+    def batch(self, progress: BatchCommitted) -> None: ...
 
 
 def _parse_offsets(raw: str | None) -> Any:
@@ -216,8 +198,48 @@ def delta_version(spark: SparkSession, table_path: str, job_fallback: bool = Tru
         return int(DeltaTable.forPath(spark, table_path).history(1).collect()[0]["version"])
 
 
+#: A query's ``foreachBatch`` function: (the batch, its id).
+BatchFunction = Callable[[DataFrame, int], None]
+
+
+class BatchFailures:
+    """The exception that failed each query's batch, kept where it was raised.
+
+    Spark runs a query's ``foreachBatch`` function in this process, but a Python exception raised
+    there reaches the runner only as the text of a ``StreamingQueryException`` (the Python
+    traceback inside Py4J's message). :meth:`watch` wraps the function so that the exception
+    object itself is recorded first, and the runner learns why the query stopped from its type
+    (:mod:`pipelines.stops`), never from that text.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._raised: dict[str, BaseException] = {}
+
+    def watch(self, query: str, write: BatchFunction) -> BatchFunction:
+        """``write``, recording the exception that fails a batch of ``query`` before Spark sees it."""
+
+        def guarded(batch: DataFrame, batch_id: int) -> None:
+            try:
+                write(batch, batch_id)
+            except BaseException as exc:
+                self.record(query, exc)
+                raise
+
+        return guarded
+
+    def record(self, query: str, exc: BaseException) -> None:
+        with self._lock:
+            self._raised.setdefault(query, exc)  # the first: what failed the query
+
+    def of(self, query: str) -> BaseException | None:
+        """What failed a batch of ``query`` (None: nothing raised in its ``foreachBatch``)."""
+        with self._lock:
+            return self._raised.get(query)
+
+
 class ProgressTracker(StreamingQueryListener):
-    """Turns Spark's progress events into :class:`BatchProgress` for ``sink``, keeping totals.
+    """Turns Spark's progress events into :class:`BatchCommitted` for ``sink``, keeping totals.
 
     A batch's stage calls :meth:`record_commit` from ``foreachBatch``, before Spark writes the
     batch's commit-log entry; Spark posts the progress event after that entry, so the commit is
@@ -238,6 +260,8 @@ class ProgressTracker(StreamingQueryListener):
         self._commits: dict[tuple[str, int], list[BatchCommit]] = {}
         #: Keyed by query name (:func:`query_name`).
         self.totals: dict[str, FlowTotals] = {}
+        #: What failed a query's batch (the flows' ``foreachBatch`` functions are watched).
+        self.failures = BatchFailures()
 
     def track(
         self, flow: str, stage: str, table_path: str, tables: dict[str, tuple[str, str]]
@@ -333,25 +357,25 @@ class ProgressTracker(StreamingQueryListener):
                 stage_totals.end_offsets = batch.end_offsets
                 for write in batch.writes:
                     table = stage_totals.tables.setdefault(
-                        write["role"],
-                        {"table": write["table"], "path": None, "rows": 0, "version": None},
+                        write.role,
+                        {"table": write.table, "path": None, "rows": 0, "version": None},
                     )
-                    table["rows"] += int(write["rows"])
-                    if write["version"] is not None:
-                        table["version"] = write["version"]
+                    table["rows"] += write.rows
+                    if write.version is not None:
+                        table["version"] = write.version
         for batch in batches:
             self._sink.batch(batch)
 
     @staticmethod
     def _batch_progress(
         progress: Any, commit: BatchCommit | None, lag_versions: int | None = None
-    ) -> BatchProgress:
+    ) -> BatchCommitted:
         sources = progress.sources or []
         end = _parse_offsets(sources[0].endOffset) if sources else None
         latest = _parse_offsets(sources[0].latestOffset) if sources else None
-        return BatchProgress(
+        return BatchCommitted(
             flow=commit.flow if commit else progress.name,
-            stage=commit.stage if commit else "bronze",
+            stage=commit.stage if commit else BRONZE_STAGE,
             batch_id=int(progress.batchId),
             input_rows=int(progress.numInputRows),
             rows_added=commit.rows_added if commit else 0,
@@ -365,7 +389,7 @@ class ProgressTracker(StreamingQueryListener):
             partition_lag=partition_lag(end, latest),
             delta_version=commit.table_version if commit else None,
             timestamp=str(progress.timestamp),
-            writes=[w.to_dict() for w in commit.writes] if commit else [],
+            writes=commit.writes if commit else (),
             quality=commit.quality if commit else None,
             state=state_of(progress),
             lag_versions=lag_versions,

@@ -1,5 +1,9 @@
 """Where the runner reports progress: JSON lines on stdout, and Dagster Pipes when launched by it.
 
+What it reports are the messages of :mod:`pipelines.messages`, serialized with their
+``to_json()``: committed batches (stdout, Pipes, the flow's ``_status.json``), stages started,
+flows stopped and why, errors (Pipes; errors and logs also on stderr).
+
 The Pipes reporter is the data plane's only link to the orchestrator, and it uses the
 dependency-free ``dagster_pipes`` protocol package, imported only when the process was launched
 through Pipes (``DAGSTER_PIPES_CONTEXT`` is set): under a plain ``spark-submit`` nothing of Dagster
@@ -16,8 +20,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from pipelines.locations import write_json_atomically
-from pipelines.progress import BatchProgress
+from pipelines.catalog.roles import TableRole, role_id
+from pipelines.catalog.state import write_json_atomically
+from pipelines.messages import BatchCommitted, ErrorReported, FlowStatus, FlowStopped, StageStarted
 
 PROGRESS_PREFIX = "conflux.progress "
 SUMMARY_PREFIX = "conflux.summary "
@@ -31,26 +36,26 @@ class Reporter:
     """Reports batches, logs and final per-flow summaries to every configured channel.
 
     Channels: JSON lines on stdout, Dagster Pipes when launched by it, and each flow's status file
-    (:attr:`FlowLocations.status_file`, read by ``conflux status``) once :meth:`track_status`
+    (:attr:`FlowState.status_file`, read by ``conflux status``) once :meth:`track_status`
     named them.
     """
 
     def __init__(self, pipes: Any | None = None) -> None:
         self._pipes = pipes
         self._status_files: dict[str, Path] = {}
-        self._status_extra: dict[str, Any] = {}
+        self._owner: str | None = None
 
-    def track_status(self, status_files: Mapping[str, Path], **extra: Any) -> None:
-        """Also write each flow's last batch to its status file, with ``extra`` (the owner...)."""
+    def track_status(self, status_files: Mapping[str, Path], owner: str) -> None:
+        """Also write each flow's last batch to its status file, as lease owner ``owner``'s."""
         self._status_files = dict(status_files)
-        self._status_extra = extra
+        self._owner = owner
 
     @property
     def under_pipes(self) -> bool:
         return self._pipes is not None
 
-    def batch(self, progress: BatchProgress) -> None:
-        payload = {"type": "batch", **progress.to_dict()}
+    def batch(self, progress: BatchCommitted) -> None:
+        payload = progress.to_json()
         print(_line(PROGRESS_PREFIX, payload), flush=True)
         if progress.replayed:
             self.info(
@@ -61,7 +66,17 @@ class Reporter:
             self._pipes.report_custom_message(payload)
         status_file = self._status_files.get(progress.flow)
         if status_file is not None:
-            write_json_atomically(status_file, {**self._status_extra, "last_batch": payload})
+            write_json_atomically(status_file, FlowStatus(self._owner, progress).to_json())
+
+    def started(self, started: StageStarted) -> None:
+        """A stage's query started (Pipes only: the log line says so on stderr)."""
+        if self._pipes is not None:
+            self._pipes.report_custom_message(started.to_json())
+
+    def stopped(self, stopped: FlowStopped) -> None:
+        """A flow stopped, and why (Pipes only: an error was reported as it happened)."""
+        if self._pipes is not None:
+            self._pipes.report_custom_message(stopped.to_json())
 
     def info(self, message: str) -> None:
         print(f"conflux: {message}", file=sys.stderr, flush=True)
@@ -72,7 +87,7 @@ class Reporter:
         print(f"conflux: ERROR {message}", file=sys.stderr, flush=True)
         if self._pipes is not None:
             self._pipes.log.error(message)
-            self._pipes.report_custom_message({"type": "error", "message": message})
+            self._pipes.report_custom_message(ErrorReported(message).to_json())
 
     def finished(self, summaries: list[dict[str, Any]]) -> None:
         """Report each stage's totals; under Pipes, as the materialization of each table's asset.
@@ -89,7 +104,7 @@ class Reporter:
             asset_keys = self._pipes.extras.get("asset_keys", {})
             for role, table in summary["tables"].items():
                 asset_key = asset_keys.get(f"{summary['flow']}/{role}")
-                if asset_key is None and role == "bronze":
+                if asset_key is None and role == role_id(TableRole.BRONZE):
                     asset_key = asset_keys.get(summary["flow"])
                 if asset_key:
                     self._pipes.report_asset_materialization(

@@ -11,7 +11,7 @@ launchers do: :mod:`pipelines.launcher`, used by Dagster and ``conflux run``) or
   every micro-batch and every half second, and stops at once when it lost it (exit 3).
 * ``available_now`` flows run until they have caught up with their source, then the runner exits 0.
 * ``continuous`` flows run until stopped: SIGTERM / SIGINT, the ``--stop-file`` appearing, or the
-  flow's stop channel (``conflux stop``, :meth:`FlowLocations.stop_file`), which also works where
+  flow's stop channel (``conflux stop``, :meth:`FlowState.stop_file`), which also works where
   signals do not reach the driver (a cluster). The runner then waits for each query's in-flight
   micro-batch to commit, stops the queries and exits 0.
 * If any query fails, the runner stops the others and exits 1, so a failed Spark job never looks
@@ -22,14 +22,14 @@ launchers do: :mod:`pipelines.launcher`, used by Dagster and ``conflux run``) or
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -37,6 +37,9 @@ from types import FrameType
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from pipelines.catalog.roles import BRONZE_STAGE, SILVER_STAGE
+from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import check_distinct_tables
 from pipelines.delta_writes import wait_for_background_work
 from pipelines.errors import ConfigError
 from pipelines.flow import FlowPipeline
@@ -51,13 +54,14 @@ from pipelines.lease import (
     new_owner_id,
     owner_details,
 )
-from pipelines.locations import FlowLocations, check_distinct_tables
-from pipelines.progress import ProgressTracker
+from pipelines.messages import FlowStopped, StageStarted, StopReason
+from pipelines.progress import BatchFailures, ProgressTracker, flow_of_query
 from pipelines.reporting import Reporter, open_reporter
 from pipelines.settings import Settings, load_settings
 from pipelines.silver.refresh import resume_swap
 from pipelines.spark import get_spark_session
 from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
+from pipelines.stops import failure_stop, query_exception, stop_reason
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
 POLL_SECONDS = 0.5
@@ -122,35 +126,47 @@ def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
     return None
 
 
-#: Where a Python traceback raises one of Conflux's own errors.
-_CONFLUX_ERROR_RE = re.compile(r"^pipelines\.[\w.]*\.(\w+(?:Error|Exception)): ", re.MULTILINE)
-#: What Spark appends to a query's failure after the Python error.
-_QUERY_SUFFIX = "\n\n=== Streaming Query ==="
-
-
-def concise_error(error: str) -> str:
-    """A query's failure as a user should read it: when a Conflux error raised inside a batch
-    (an expectation, a transform, a lost lease), its own message (all its lines) instead of the
-    Py4J traceback and the query's plan around it; anything else as Spark reported it."""
-    raised = list(_CONFLUX_ERROR_RE.finditer(error))
-    if not raised:
-        return error
-    last = raised[-1]
-    message = error[last.end() :].split(_QUERY_SUFFIX, 1)[0].rstrip()
-    return f"{last[1]}: {message}"
-
-
-def lease_problem(guards: Sequence[LeaseGuard]) -> str | None:
+def lease_problem(guards: Sequence[LeaseGuard]) -> tuple[str, str] | None:
+    """(flow, why) of the first flow whose lease is no longer this run's; None: all are."""
     for guard in guards:
         try:
             guard.check()
         except LeaseLostError as exc:
-            return str(exc)
+            return guard.flow, str(exc)
     return None
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How a run's supervision ended: the exit code, and why each flow of the run stopped."""
+
+    code: int
+    stops: tuple[FlowStopped, ...]
+
+    @classmethod
+    def every(
+        cls, code: int, flows: Iterable[str], reason: StopReason, message: str = ""
+    ) -> Ending:
+        """Every flow of the run stopped for one reason (finished, stopped on request)."""
+        return cls(code, tuple(FlowStopped(flow, reason, message) for flow in sorted(flows)))
+
+    @classmethod
+    def failed(cls, code: int, flows: Iterable[str], cause: FlowStopped) -> Ending:
+        """``cause`` stopped its flow; the run's other flows were stopped because of it."""
+        others = StopReason.OTHER_FLOW_FAILED
+        return cls(
+            code,
+            tuple(
+                cause
+                if flow == cause.flow
+                else replace(cause, flow=flow, reason=others, expectations=())
+                for flow in sorted({*flows, cause.flow})
+            ),
+        )
+
+
 #: The stage kinds that write a flow's silver events (which other flows' stages may read).
-FEEDING_KINDS = ("bronze", "silver")
+FEEDING_KINDS = (BRONZE_STAGE, SILVER_STAGE)
 
 
 class Phases:
@@ -179,6 +195,17 @@ class Phases:
         }
         self.running[flow] = list(started)
         return started
+
+    def started(self, query: str) -> list[StageStarted]:
+        """The stages that started with ``query``: its own, and those fused into it."""
+        for flow, pipeline in self.pipelines.items():
+            for head in pipeline.stages:
+                if head.own_query and head.query_name == query:
+                    return [
+                        StageStarted(flow, stage.kind, query)
+                        for stage in (head, *pipeline.fused_after(head))
+                    ]
+        return []
 
     def start_first(self) -> dict[str, StreamingQuery]:
         started: dict[str, StreamingQuery] = {}
@@ -234,49 +261,73 @@ def supervise(
     reporter: Reporter,
     guards: Sequence[LeaseGuard] = (),
     phases: Phases | None = None,
-) -> int:
-    """Wait until the queries end, fail, lose a lease, or a stop is requested; return the exit code.
+    failures: BatchFailures | None = None,
+) -> Ending:
+    """Wait until the queries end, fail, lose a lease, or a stop is requested; say how it ended.
 
     With ``phases``, the queries of later phases are started (and added to ``queries``) as the
     earlier ones end. "All ended" is read before the failures: a query that ends is inactive with
     its exception already set, so a failure between the two reads cannot pass for a clean end.
+    ``failures``: what the flows' batches raised, which says why a query failed.
     """
     while True:
         if phases is not None and not stop.requested:
             for name, query in phases.advance(queries).items():
                 reporter.info(f"started {name}")
+                for started in phases.started(name):
+                    reporter.started(started)
                 queries[name] = query
+        flows = {flow_of_query(name) for name in queries} | set(phases.pipelines if phases else ())
         all_ended = all(not q.isActive for q in queries.values()) and (
             phases is None or phases.done or stop.requested
         )
         failure = first_failure(queries)
         if failure is not None:
-            name, error = failure
-            print(f"conflux: the failure of {name} as Spark reported it:\n{error}", file=sys.stderr)
-            reporter.error(f"flow {name} failed: {concise_error(error)}")
-            lease_lost = LeaseLostError.__name__ in error  # raised inside a batch (foreachBatch)
-            for query in queries.values():
-                if not query.isActive:
-                    continue
-                if lease_lost:
-                    query.stop()  # no waiting: the lease may pass to a new owner soon
-                else:
-                    stop_after_inflight_batch(query)
-            return EXIT_LEASE if lease_lost else EXIT_FAILED
-        if all_ended:
-            return EXIT_OK
+            return _failed(queries, failure, reporter, flows, failures)
+        if all_ended:  # a stop request may end a run before its later phases start
+            pending = stop.requested and phases is not None and not phases.done
+            reason = StopReason.STOPPED_ON_REQUEST if pending else StopReason.FINISHED
+            return Ending.every(EXIT_OK, flows, reason, stop.reason if pending else "")
         lost = lease_problem(guards)
         if lost is not None:
-            reporter.error(f"stopping now, the in-flight batches uncommitted: {lost}")
+            flow, problem = lost
+            message = f"stopping now, the in-flight batches uncommitted: {problem}"
+            reporter.error(message)
             for query in queries.values():
                 query.stop()  # no waiting: the lease may pass to a new owner soon
-            return EXIT_LEASE
+            lease_lost = FlowStopped(flow, StopReason.LEASE_LOST, message)
+            return Ending.failed(EXIT_LEASE, flows, lease_lost)
         if stop.requested:
             reporter.info(f"stopping gracefully ({stop.reason}) after the in-flight batches commit")
             for query in queries.values():
                 stop_after_inflight_batch(query)
-            return EXIT_OK
+            return Ending.every(EXIT_OK, flows, StopReason.STOPPED_ON_REQUEST, stop.reason)
         time.sleep(POLL_SECONDS)
+
+
+def _failed(
+    queries: dict[str, StreamingQuery],
+    failure: tuple[str, str],
+    reporter: Reporter,
+    flows: set[str],
+    failures: BatchFailures | None,
+) -> Ending:
+    """A query failed: report why, stop the others (at once when the lease is lost, else after
+    their in-flight batches commit)."""
+    name, error = failure
+    print(f"conflux: the failure of {name} as Spark reported it:\n{error}", file=sys.stderr)
+    raised = failures.of(name) if failures is not None else None
+    cause = failure_stop(flow_of_query(name), name, raised, query_exception(queries[name]), error)
+    reporter.error(cause.message)
+    lease_lost = cause.reason is StopReason.LEASE_LOST
+    for query in queries.values():
+        if not query.isActive:
+            continue
+        if lease_lost:
+            query.stop()  # no waiting: the lease may pass to a new owner soon
+        else:
+            stop_after_inflight_batch(query)
+    return Ending.failed(EXIT_LEASE if lease_lost else EXIT_FAILED, flows, cause)
 
 
 @contextmanager
@@ -286,7 +337,7 @@ def own_leases(specs: list[FlowSpec], settings: Settings) -> Iterator[str]:
     leases = [
         FlowLease(
             spec.name,
-            FlowLocations.of(spec, settings).lease_store(),
+            FlowState.of(spec, settings).lease_store(),
             owner,
             owner_details(launcher=IN_PROCESS_LAUNCHER),
             settings.lease_seconds,
@@ -369,7 +420,7 @@ def _run_owned(
     owner: str,
     full_refresh: bool = False,
 ) -> int:
-    locations = {s.name: FlowLocations.of(s, settings) for s in specs}
+    locations = {s.name: FlowState.of(s, settings) for s in specs}
     guards = {name: LeaseGuard(name, loc.lease_store(), owner) for name, loc in locations.items()}
     for guard in guards.values():
         guard.check()  # before Spark starts
@@ -387,19 +438,21 @@ def _run_owned(
         FlowPipeline(spec, settings, guards[spec.name], tracker, full_refresh) for spec in specs
     ]
     spark.streams.addListener(tracker)
-    code = EXIT_OK
+    ending = Ending(EXIT_OK, ())
     try:
         for pipeline in readers_last(pipelines):  # every flow's tables before any query starts
             pipeline.prepare(spark)
         phases = Phases(pipelines, spark, trigger_mode)
         queries = phases.start_first()
         reporter.info(f"started flows {', '.join(queries)} (lease owner {owner})")
-        code = supervise(queries, stop, reporter, list(guards.values()), phases)
+        for started in (s for name in queries for s in phases.started(name)):
+            reporter.started(started)
+        ending = supervise(queries, stop, reporter, list(guards.values()), phases, tracker.failures)
         for name, query in queries.items():
             if query.lastProgress is not None:
                 tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
         wait_for_background_work()  # before finish() swaps tables they may still read
-        if code == EXIT_OK and not stop.requested:
+        if ending.code == EXIT_OK and not stop.requested:
             for pipeline in pipelines:
                 for write in pipeline.finish(spark):
                     reporter.info(
@@ -412,9 +465,11 @@ def _run_owned(
         wait_for_background_work()
         if own_session:  # before Python exits, so no listener event is sent to a dead driver
             spark.stop()
-    if code == EXIT_OK:
+    if ending.code == EXIT_OK:
         reporter.finished([t.summary() for t in tracker.totals.values()])
-    return code
+    for stopped in ending.stops:
+        reporter.stopped(stopped)
+    return ending.code
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -434,14 +489,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def not_started(
+    reporter: Reporter, flows: Sequence[str], exc: BaseException, message: str, code: int
+) -> int:
+    """Report that ``flows`` did not run (or stopped outside supervision), and why; return the
+    exit code."""
+    reporter.error(message)
+    for flow in flows:
+        reporter.stopped(FlowStopped(flow, stop_reason(exc), message))
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop = StopRequest(args.stop_file)
     stop.install_signal_handlers()
+    flows = [p.stem for p in args.spec]  # their names, once the specs load
     with ExitStack() as stack:
         reporter = open_reporter(stack)
         try:
             specs = [load_spec(p) for p in args.spec]
+            flows = [spec.name for spec in specs]
             code = run_flows(
                 specs,
                 load_settings(),
@@ -452,14 +520,13 @@ def main(argv: list[str] | None = None) -> int:
                 full_refresh=args.full_refresh,
             )
         except (LeaseHeldError, LeaseLostError) as exc:
-            reporter.error(str(exc))
-            raise SystemExit(EXIT_LEASE) from exc
+            raise SystemExit(not_started(reporter, flows, exc, str(exc), EXIT_LEASE)) from exc
         except ConfigError as exc:
-            reporter.error(str(exc))
-            raise SystemExit(EXIT_CONFIG) from exc
+            raise SystemExit(not_started(reporter, flows, exc, str(exc), EXIT_CONFIG)) from exc
         except Exception as exc:  # e.g. a Spark error while a query starts: say so, then fail
-            reporter.error(f"flows {', '.join(p.stem for p in args.spec)} failed to start: {exc}")
-            raise SystemExit(EXIT_FAILED) from exc
+            stems = ", ".join(p.stem for p in args.spec)
+            message = f"flows {stems} failed to start: {exc}"
+            raise SystemExit(not_started(reporter, flows, exc, message, EXIT_FAILED)) from exc
         if code != EXIT_OK:
             raise SystemExit(code)  # under Pipes, closing the context reports the failure
     return code

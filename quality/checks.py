@@ -43,6 +43,7 @@ from dagster import (
     MetadataValue,
 )
 
+from pipelines.catalog.roles import TableRole, role_of
 from pipelines.silver.expectations import QUALITY_COUNTS
 from pipelines.spec import Expectation, FlowSpec
 
@@ -104,9 +105,12 @@ def accounting_problems(message: Mapping[str, Any]) -> list[str]:
     read = message.get("input_rows")
     if read is not None and int(read) != int(quality["rows_in"]):
         problems.append(f"the query read {read} rows, the stage counted {quality['rows_in']}")
-    expected = {"events": int(quality["written"]), "quarantine": int(quality["quarantined"])}
+    expected = {
+        TableRole.EVENTS: int(quality["written"]),
+        TableRole.QUARANTINE: int(quality["quarantined"]),
+    }
     for write in message.get("writes") or []:
-        role = write.get("role")
+        role = role_of(str(write.get("role")))
         if role in expected and not write.get("skipped") and int(write["rows"]) != expected[role]:
             problems.append(f"the {role} commit added {write['rows']} rows, not {expected[role]}")
     return problems

@@ -34,6 +34,7 @@ from dagster import (
     MetadataValue,
 )
 
+from pipelines.catalog.roles import TableRole, role_of
 from pipelines.spec import AnyGold
 
 ROWS_ACCOUNTED = "rows_accounted"
@@ -81,9 +82,9 @@ def split_problems(message: Mapping[str, Any]) -> list[str]:
     read = message.get("input_rows")
     if read is not None and int(read) != int(quality["rows_in"]):
         problems.append(f"the query read {read} rows, the split counted {quality['rows_in']}")
-    expected = {"gold_input": int(quality["on_time"]), "late": int(quality["late"])}
+    expected = {TableRole.GOLD_INPUT: int(quality["on_time"]), TableRole.LATE: int(quality["late"])}
     for write in message.get("writes") or []:
-        kind = str(write.get("role", "")).split("/", 1)[0]
+        kind = role_of(str(write.get("role", "")))
         if kind in expected and not write.get("skipped") and int(write["rows"]) != expected[kind]:
             problems.append(f"the {kind} commit added {write['rows']} rows, not {expected[kind]}")
     return problems

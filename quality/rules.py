@@ -11,15 +11,19 @@ expectations, in one projection of the micro-batch. A row passes when the column
 false or null fail it. Every rule here lets a null value pass (a missing value is
 :func:`not_null`'s business), so rules combine without double-counting.
 
+This module imports nothing of ``pipelines``: the spec (``pipelines/spec/``) imports it to validate
+rules when a spec loads, so an import back would make the two packages depend on each other.
+
 Rules are built from Spark's own functions only (no Python UDF), so they run in the JVM and need no
 Python on the executors. Their parameters are annotated precisely (a column name, a non-empty
 list, a regular expression that compiles), and the spec loader calls :func:`check_rule_args`,
 which validates them against the rule's annotated signature (pydantic), without a Spark session.
 
 Add a rule: write a function here with annotated parameters that returns a boolean ``Column``, and
-register it in :data:`RULES`. Its parameter named ``column`` is checked against the flow's parsed
-row by the spec loader. Keep it deterministic (no current time, no randomness): a batch replayed
-after a crash must be judged exactly as the first time.
+decorate it with :func:`rule`, which registers it in :data:`RULES` under its name (a check across
+its arguments goes in the decorator too). Its parameter named ``column`` is checked against the
+flow's parsed row by the spec loader. Keep it deterministic (no current time, no randomness): a
+batch replayed after a crash must be judged exactly as the first time.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from functools import cache
-from typing import Annotated, Any, get_type_hints
+from types import MappingProxyType
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 from pydantic import (
     AfterValidator,
@@ -48,6 +53,32 @@ from pyspark.sql import functions as F
 
 class RuleError(ValueError):
     """A rule's arguments are wrong; the message names the argument and the fix."""
+
+
+RuleFunction = TypeVar("RuleFunction", bound=Callable[..., Column])
+#: A check across a rule's arguments (after each is valid on its own): the problem, or None.
+AcrossArguments = Callable[[Mapping[str, Any]], str | None]
+
+_REGISTRY: dict[str, Callable[..., Column]] = {}
+_ACROSS_ARGUMENTS: dict[str, AcrossArguments] = {}
+#: Every rule by name, in the order they are defined (filled in by :func:`rule`).
+RULES: Mapping[str, Callable[..., Column]] = MappingProxyType(_REGISTRY)
+
+
+def rule(*, across: AcrossArguments | None = None) -> Callable[[RuleFunction], RuleFunction]:
+    """Register the decorated function as the rule of its name; ``across`` checks its arguments
+    together (e.g. at least one bound), after each is valid on its own."""
+
+    def register(function: RuleFunction) -> RuleFunction:
+        name = function.__name__
+        if name in _REGISTRY:
+            raise ValueError(f"rule {name!r} is registered twice")
+        _REGISTRY[name] = function
+        if across is not None:
+            _ACROSS_ARGUMENTS[name] = across
+        return function
+
+    return register
 
 
 def _column_name(value: str) -> str:
@@ -85,16 +116,19 @@ IntervalText = Annotated[StrictStr, AfterValidator(_interval)]
 IsoTime = Annotated[StrictStr, AfterValidator(_iso_time)]
 
 
+@rule()
 def not_null(column: ColumnName) -> Column:
     """The column has a value."""
     return F.col(column).isNotNull()
 
 
+@rule()
 def not_empty(column: ColumnName) -> Column:
     """A string value has something besides whitespace."""
     return F.col(column).isNull() | (F.length(F.trim(F.col(column))) > 0)
 
 
+@rule()
 def values_in_set(
     column: ColumnName, values: Annotated[list[Literal_], Field(min_length=1)]
 ) -> Column:
@@ -102,6 +136,15 @@ def values_in_set(
     return F.col(column).isNull() | F.col(column).isin(*values)
 
 
+def _some_bound(args: Mapping[str, Any]) -> str | None:
+    return (
+        None
+        if args.get("min") is not None or args.get("max") is not None
+        else "give min, max or both"
+    )
+
+
+@rule(across=_some_bound)
 def between(column: ColumnName, min: Literal_ | None = None, max: Literal_ | None = None) -> Column:  # noqa: A002
     """``min <= value <= max`` (give one bound or both); numbers, dates or timestamps."""
     value, passes = F.col(column), F.lit(True)
@@ -112,16 +155,19 @@ def between(column: ColumnName, min: Literal_ | None = None, max: Literal_ | Non
     return value.isNull() | passes
 
 
+@rule()
 def matches(column: ColumnName, pattern: Regex) -> Column:
     """The whole string value matches the regular expression ``pattern`` (Java syntax)."""
     return F.col(column).isNull() | F.col(column).rlike(f"^(?:{pattern})$")
 
 
+@rule()
 def max_length(column: ColumnName, length: Annotated[StrictInt, Field(ge=0)]) -> Column:
     """A string (characters) or binary (bytes) value is at most ``length`` long."""
     return F.col(column).isNull() | (F.length(F.col(column)) <= F.lit(length))
 
 
+@rule()
 def not_in_future(column: ColumnName, skew: IntervalText = "5 minutes") -> Column:
     """A timestamp is not later than the moment its record was ingested (bronze's
     ``_ingested_at``) plus ``skew``, the clock skew allowed. Not the current time: a batch
@@ -130,46 +176,24 @@ def not_in_future(column: ColumnName, skew: IntervalText = "5 minutes") -> Colum
     return F.col(column).isNull() | (F.col(column).try_cast("timestamp") <= limit)
 
 
+@rule()
 def not_before(column: ColumnName, earliest: IsoTime = "1970-01-01") -> Column:
     """A date or timestamp is not earlier than ``earliest`` (an ISO date or timestamp)."""
     bound = F.lit(earliest).cast("timestamp")
     return F.col(column).isNull() | (F.col(column).try_cast("timestamp") >= bound)
 
 
-RULES: Mapping[str, Callable[..., Column]] = {
-    rule.__name__: rule
-    for rule in (
-        not_null,
-        not_empty,
-        values_in_set,
-        between,
-        matches,
-        max_length,
-        not_in_future,
-        not_before,
-    )
-}
-#: Checks across a rule's arguments, after each argument is valid on its own.
-_ACROSS_ARGUMENTS: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = {
-    "between": lambda args: (
-        None
-        if args.get("min") is not None or args.get("max") is not None
-        else "give min, max or both"
-    ),
-}
-
-
 @cache
 def _arguments_model(name: str) -> type[BaseModel]:
     """A pydantic model of rule ``name``'s parameters (their annotations and defaults)."""
-    rule = RULES[name]
-    hints = get_type_hints(rule, include_extras=True)
+    function = RULES[name]
+    hints = get_type_hints(function, include_extras=True)
     fields: dict[str, Any] = {
         parameter.name: (
             hints[parameter.name],
             ... if parameter.default is inspect.Parameter.empty else parameter.default,
         )
-        for parameter in inspect.signature(rule).parameters.values()
+        for parameter in inspect.signature(function).parameters.values()
     }
     return create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
 

@@ -31,6 +31,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from pipelines.catalog.roles import TableRole
+from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import FlowCatalog
 from pipelines.delta_writes import retry_on_maintenance, table_properties
 from pipelines.errors import ConfigError
 from pipelines.gold.joins import (
@@ -53,7 +56,6 @@ from pipelines.gold.windows import (
     window_column,
 )
 from pipelines.identity import FLOW_ID_PROPERTY, read_identity
-from pipelines.locations import FlowLocations, gold_backfills_path, table_paths
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
 from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, GoldSpec, duration_seconds, join_input
@@ -112,7 +114,7 @@ def check_design(
     where = f"{spec.spec_file}: gold ({gold.table})"
     if properties is None:
         raise BackfillRefusedError(f"{where}: no gold table at {gold_path} yet: run the flow first")
-    identity = read_identity(FlowLocations.of(spec, settings))
+    identity = read_identity(FlowState.of(spec, settings))
     flow_id = properties.get(FLOW_ID_PROPERTY)
     if identity is None or flow_id != identity.flow_id:
         raise BackfillRefusedError(
@@ -145,7 +147,7 @@ def stream_watermark_micros(checkpoint: Path) -> int | None:
 
 def gold_watermark_micros(spec: FlowSpec, settings: Settings, gold: AnyGold) -> int | None:
     """The watermark of gold table ``gold``'s stateful query (None: it never committed)."""
-    checkpoint = FlowLocations.of(spec, settings).stage_checkpoint(f"gold.{gold.table}")
+    checkpoint = FlowState.of(spec, settings).gold_checkpoint(gold.table)
     return stream_watermark_micros(checkpoint)
 
 
@@ -214,8 +216,8 @@ def recompute_join(
     """Joined rows of the left rows of ``first..last``, from all the events of both sides."""
     other = join_input(spec, gold)
     events = {
-        LEFT: spark.read.format("delta").load(str(table_paths(spec, settings)["events"])),
-        RIGHT: spark.read.format("delta").load(str(table_paths(other, settings)["events"])),
+        LEFT: spark.read.format("delta").load(_events(spec, settings)),
+        RIGHT: spark.read.format("delta").load(_events(other, settings)),
     }
     start = datetime(first.year, first.month, first.day, tzinfo=UTC)
     end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
@@ -300,19 +302,19 @@ def backfill(
     """
     gold = gold_of(spec, table)
     watermark = refuse_open_dates(spec, settings, table, first, last)
-    paths = table_paths(spec, settings)
-    gold_path = str(paths[f"gold/{gold.table}"])
+    catalog = FlowCatalog.of(spec, settings)
+    gold_path = catalog.table(TableRole.GOLD, gold.table).location
     check_design(spark, spec, settings, gold, gold_path)
     # The late rows to record are those the events read next already hold: pin the late table
     # first (a late row is appended after its event), so nothing arriving meanwhile is recorded.
-    late_path = str(paths[f"late/{gold.table}"])
+    late_path = catalog.table(TableRole.LATE, gold.table).location
     late_version = delta_version(spark, late_path)
     if isinstance(gold, GoldJoinSpec):
         rows = recompute_join(spark, spec, settings, gold, first, last)
         reflected = F.count(F.lit(1))  # a joined row reflects one pair (or one unmatched row)
         covered = covered_condition(gold, first, last)
     else:
-        events = spark.read.format("delta").load(str(paths["events"]))
+        events = spark.read.format("delta").load(_events(spec, settings))
         rows = recompute(spec, events, gold, first, last)
         reflected = F.sum("_rows")
         covered = (F.to_date("_window_start") >= F.lit(first)) & (
@@ -336,8 +338,9 @@ def backfill(
     covered_rows = 0
     if late_version is not None:
         late = spark.read.format("delta").option("versionAsOf", late_version).load(late_path)
+        record = catalog.table(TableRole.BACKFILLS, gold.table).location
         covered_rows = _record(
-            late.where(covered), late_row_id(gold), gold_path, backfill_id, first, last
+            late.where(covered), late_row_id(gold), record, backfill_id, first, last
         )
     version = delta_version(spark, gold_path)
     return BackfillResult(
@@ -357,12 +360,13 @@ def backfill(
 def _record(
     covered: DataFrame,
     row_id: tuple[str, ...],
-    gold_path: str,
+    record_path: str,
     backfill_id: str,
     first: date,
     last: date,
 ) -> int:
-    """Append the late rows the backfill covered to ``<gold>__backfills``; how many.
+    """Append the late rows the backfill covered to the record at ``record_path``
+    (``<gold>__backfills``); how many.
 
     A row of windowed aggregates is covered when every window holding it starts on a backfilled
     date (with sliding windows its windows can start on two dates: a backfill of one of them does
@@ -381,7 +385,7 @@ def _record(
         count = record.count()
         if count:  # mergeSchema: a record written before late rows of joins kept their side
             record.write.format("delta").mode("append").option("mergeSchema", "true").save(
-                str(gold_backfills_path(Path(gold_path)))
+                record_path
             )
         return count
     finally:
@@ -391,12 +395,17 @@ def _record(
 def unreconciled(spark: SparkSession, spec: FlowSpec, settings: Settings, table: str) -> DataFrame:
     """The late rows of gold ``table`` that no backfill has covered yet."""
     gold = gold_of(spec, table)
-    paths = table_paths(spec, settings)
-    late = spark.read.format("delta").load(str(paths[f"late/{gold.table}"]))
-    record = gold_backfills_path(paths[f"gold/{gold.table}"])
-    if not DeltaTable.isDeltaTable(spark, str(record)):
+    catalog = FlowCatalog.of(spec, settings)
+    late = spark.read.format("delta").load(catalog.table(TableRole.LATE, gold.table).location)
+    record = catalog.table(TableRole.BACKFILLS, gold.table).location
+    if not DeltaTable.isDeltaTable(spark, record):
         return late
-    done = spark.read.format("delta").load(str(record))
+    done = spark.read.format("delta").load(record)
     row_id = [c for c in late_row_id(gold) if c in done.columns]
     covered = done.select(*row_id).distinct()
     return late.join(covered, row_id, "left_anti")
+
+
+def _events(spec: FlowSpec, settings: Settings) -> str:
+    """Where flow ``spec``'s silver events are."""
+    return FlowCatalog.of(spec, settings).table(TableRole.EVENTS).location

@@ -45,12 +45,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
-from pipelines.errors import ConfigError
 from pipelines.gold import COORDINATES
-from pipelines.identity import checkpoint_has_offsets
-from pipelines.locations import FlowLocations
-from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, GoldJoinSpec, JoinSide, duration_seconds, join_readers
+from pipelines.spec import GoldJoinSpec, JoinSide, duration_seconds
 
 #: ``_side`` of an input row.
 LEFT, RIGHT = "left", "right"
@@ -207,32 +203,3 @@ def covered_condition(gold: GoldJoinSpec, first: date, last: date) -> Column:
     return F.when(F.col("_side") == LEFT, in_range).otherwise(
         (earliest >= F.lit(first)) & (latest <= F.lit(last))
     )
-
-
-def refuse_started_readers(spec: FlowSpec, settings: Settings, action: str) -> None:
-    """Refuse ``action`` on ``spec``'s silver events (a reset or full refresh replaces them) while
-    another flow's gold join has streamed from them: its stream could not continue on the new
-    table. Its gold is reset first; its next run reads the new events from the start.
-
-    Raises:
-        ConfigError: naming the joins and the command that resets them.
-    """
-    started = [
-        (reader, gold)
-        for reader, gold in join_readers(spec)
-        if checkpoint_has_offsets(
-            FlowLocations.of(reader, settings).stage_checkpoint(f"gold.{gold.table}.split")
-        )
-    ]
-    if started:
-        names = ", ".join(f"{reader.name}'s {gold.table}" for reader, gold in started)
-        commands = " and ".join(
-            f"`conflux reset {name} --stage gold`"
-            for name in dict.fromkeys(r.name for r, _ in started)
-        )
-        raise ConfigError(
-            f"{spec.spec_file}: the gold joins {names} stream from flow {spec.name}'s silver "
-            f"events, which a {action} replaces: their streams could not go on. Reset them "
-            f"first ({commands}; their next runs join the new events from the start), then "
-            f"run the {action} again"
-        )

@@ -28,7 +28,7 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from pipelines.locations import write_json_atomically
+from pipelines.catalog.state import write_json_atomically
 
 #: Records kept behind the newest one (a replay reads only the one before it).
 KEEP_RECORDS = 20
@@ -73,9 +73,10 @@ class WatermarkLog:
     had a row (Spark's stays at the epoch until then)."""
 
     def __init__(
-        self, checkpoint: Path, allowed_lateness_seconds: int, sides: Sequence[str] = (EVENTS,)
+        self, folder: Path, allowed_lateness_seconds: int, sides: Sequence[str] = (EVENTS,)
     ) -> None:
-        self.folder = checkpoint / "conflux_watermark"
+        """``folder``: the split's watermark log (:meth:`pipelines.catalog.state.FlowState.watermark_log`)."""
+        self.folder = folder
         self.lateness_micros = allowed_lateness_seconds * 1_000_000
         self.sides = tuple(sides)
 

@@ -25,31 +25,32 @@ records the three counts with each batch (progress, and from there Dagster).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
+from pipelines.messages import QUALITY_COUNTS, BatchQuality, ExpectationCount
 from pipelines.silver.parse import IGNORED, REASONS, parsed_event
 from pipelines.spec import Expectation
+from quality.rules import rule_column
 
 #: Names of the expectations a parsed row failed (empty for a row that passed all, or that did
 #: not parse).
 FAILED = "_failed_expectations"
-#: The row counts of a batch's quality report (:class:`BatchQuality`).
-QUALITY_COUNTS = (
-    "rows_in", "events", "quarantined", "ignored", "passed", "warned", "dropped",
-    "schema_mismatches", "rescued",
-)  # fmt: skip
 #: A failing row shown in an error is cut to this many characters of JSON.
 SAMPLE_CHARS = 2000
 
 
 class ExpectationFailedError(RuntimeError):
-    """A ``fail`` expectation failed on rows of a batch; nothing of the batch was written."""
+    """A ``fail`` expectation failed on rows of a batch; nothing of the batch was written.
+
+    ``names``: the expectations that failed (their checks fail with the flow's stop)."""
+
+    def __init__(self, message: str, names: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
 
 
 def passes(expectation: Expectation) -> Column:
@@ -57,8 +58,6 @@ def passes(expectation: Expectation) -> Column:
     if expectation.expr is not None:
         condition = F.expr(expectation.expr)
     else:
-        from quality.rules import rule_column
-
         assert expectation.rule is not None
         condition = rule_column(expectation.rule, expectation.args)
     return F.coalesce(condition, F.lit(False))
@@ -124,51 +123,6 @@ def batch_aggregates(
     return columns
 
 
-@dataclass(frozen=True)
-class ExpectationCount:
-    """One expectation's outcome in one batch."""
-
-    name: str
-    action: str
-    failed: int
-    expectation: str
-
-
-@dataclass(frozen=True)
-class BatchQuality:
-    """Where the rows of one silver batch went (recorded with the batch's progress).
-
-    ``rows_in`` = ``events`` + ``quarantined`` + ``ignored``: every bronze row is an event handed
-    to the silver writers, a quarantined row (parse failure, missing key, null sequence, a
-    ``drop`` expectation) or an ignored Debezium tombstone. Of the events, ``passed`` failed no
-    expectation and ``warned`` failed a ``warn`` one; ``dropped`` rows were quarantined by a
-    ``drop`` expectation; ``schema_mismatches`` of the quarantined rows changed schema in a way
-    not taken in (:mod:`pipelines.silver.schema_changes`: a value of another type than declared,
-    a declared column missing, undeclared fields under ``new_columns: quarantine``); ``rescued``
-    events keep undeclared fields in ``_rescued_data``; ``written`` is ``events`` after the
-    transform (which may filter); ``columns_added`` were evolved into the tables by this batch.
-    """
-
-    rows_in: int
-    events: int
-    quarantined: int
-    ignored: int
-    passed: int
-    warned: int
-    dropped: int
-    schema_mismatches: int
-    rescued: int
-    written: int
-    expectations: tuple[ExpectationCount, ...] = field(default=())
-    columns_added: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["expectations"] = [asdict(e) for e in self.expectations]
-        data["columns_added"] = list(self.columns_added)
-        return data
-
-
 def batch_quality(
     counts: Row | Mapping[str, Any],
     expectations: Sequence[Expectation],
@@ -218,13 +172,3 @@ def failure_message(
         "its action to drop (the failing rows go to the quarantine with the rule's name) or "
         f"warn; then start the flow again. [failed expectations: {names}]"
     )
-
-
-def failed_expectations(error: str, flow: str) -> list[str]:
-    """The names of the ``fail`` expectations that stopped ``flow``, read from an error that
-    carries a :func:`failure_message` (the runner relays it as the query's failure): its last
-    ``[failed expectations: ...]`` marker, which no sample row can forge after it."""
-    if f"flow {flow}: silver batch " not in error:
-        return []
-    markers = re.findall(r"\[failed expectations: ([A-Za-z0-9_, ]+)\]", error)
-    return [name.strip() for name in markers[-1].split(",")] if markers else []

@@ -37,6 +37,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from pipelines.catalog.lifecycle import ddl_struct
 from pipelines.spec import QUARANTINE_TABLE_COLUMNS, SilverSpec
 
 REASONS = "_reasons"
@@ -48,7 +49,7 @@ SCHEMA_MISMATCH = "value does not match the declared schema: "
 IGNORED = "_ignored"
 CORRUPT = "_corrupt_record"
 DEBEZIUM_OPS = ("c", "u", "d", "r")
-#: Columns every silver event carries after the schema's own, in order (see ARCHITECTURE.md).
+#: Columns every silver event carries after the schema's own, in order (see docs/silver.md).
 EVENT_METADATA = (
     "_op",
     "_sequence",
@@ -69,13 +70,6 @@ PARSER_COLUMNS = ("raw_key", "raw_value", REASONS, IGNORED)
 QUARANTINE_COLUMNS = QUARANTINE_TABLE_COLUMNS
 _ENVELOPE_FIELDS = ("before", "after", "op", "ts_ms", "source")
 _SOURCE_STRUCT = "ts_ms BIGINT, lsn BIGINT, snapshot STRING, db STRING, table STRING"
-
-
-def ddl_struct(ddl: str) -> StructType:
-    """A Spark DDL column list (``id BIGINT, name STRING``) as a StructType (needs a session)."""
-    struct = StructType.fromDDL(ddl)
-    assert isinstance(struct, StructType), ddl
-    return struct
 
 
 def _permissive(schema: StructType) -> dict[str, str]:

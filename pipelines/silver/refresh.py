@@ -35,24 +35,22 @@ from typing import Literal
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from pipelines.catalog.lifecycle import (
+    refuse_started_readers,
+    require_own_silver_query,
+    sql_properties,
+)
+from pipelines.catalog.roles import SILVER_STAGE
+from pipelines.catalog.state import FlowState, write_json_atomically
+from pipelines.catalog.tables import CatalogTable, FlowCatalog
 from pipelines.delta_writes import TableWrite, committed_write
 from pipelines.errors import ConfigError
-from pipelines.gold.joins import refuse_started_readers
 from pipelines.identity import read_identity, write_identity
 from pipelines.lease import FlowLease, new_owner_id, owner_details
-from pipelines.locations import (
-    FlowLocations,
-    deleted_keys_path,
-    table_paths,
-    write_json_atomically,
-)
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
-from pipelines.silver.tables import require_own_silver_query, sql_properties
 from pipelines.spec import FlowSpec
 
-#: Suffix of a table rebuilt beside the live one.
-BESIDE_SUFFIX = "__refresh"
 #: Table properties the swap carries over from the rebuilt twin (Conflux's own records).
 _CARRIED_PREFIX = "conflux."
 
@@ -66,30 +64,17 @@ class SilverRefresh:
     started_at: str
     phase: Literal["building", "swapping"] = "building"
 
-    @staticmethod
-    def beside(path: str) -> str:
-        """Where the twin of the table at ``path`` is rebuilt."""
-        return f"{path}{BESIDE_SUFFIX}"
 
-
-def marker_file(locations: FlowLocations) -> Path:
-    return locations.flow_dir / "silver.refresh.json"
-
-
-def refresh_checkpoint(locations: FlowLocations) -> Path:
-    return locations.flow_dir / "silver.refresh"
-
-
-def pending_refresh(locations: FlowLocations) -> SilverRefresh | None:
+def pending_refresh(locations: FlowState) -> SilverRefresh | None:
     """The refresh in progress, if a run started one and it has not finished."""
-    path = marker_file(locations)
+    path = locations.refresh_marker
     if not path.exists():
         return None
     return SilverRefresh(**json.loads(path.read_text()))
 
 
-def _save(locations: FlowLocations, refresh: SilverRefresh) -> None:
-    write_json_atomically(marker_file(locations), asdict(refresh))
+def _save(locations: FlowState, refresh: SilverRefresh) -> None:
+    write_json_atomically(locations.refresh_marker, asdict(refresh))
 
 
 def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
@@ -106,7 +91,7 @@ def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
             "events table that a full refresh overwrites: rebuild silver and gold together with "
             f"`conflux reset {spec.name} --stage silver` (the next run rebuilds both from bronze)"
         )
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     pending = pending_refresh(locations)
     if pending is not None:
         return pending
@@ -117,7 +102,7 @@ def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
         generation=current + 1,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    shutil.rmtree(refresh_checkpoint(locations), ignore_errors=True)  # no half-built leftovers
+    shutil.rmtree(locations.refresh_checkpoint, ignore_errors=True)  # no half-built leftovers
     _save(locations, refresh)
     return refresh
 
@@ -128,7 +113,7 @@ def refuse_pending(spec: FlowSpec, settings: Settings) -> None:
     Raises:
         ConfigError: naming how to finish or drop the refresh.
     """
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     pending = pending_refresh(locations)
     if pending is not None:
         raise ConfigError(
@@ -146,7 +131,7 @@ def abandon_refresh(spec: FlowSpec, settings: Settings) -> list[str]:
         LeaseHeldError: a run of the flow holds its lease.
         ConfigError: the refresh is already swapping (finish it instead).
     """
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     lease = FlowLease(spec.name, locations.lease_store(), new_owner_id("refresh"), owner_details())
     lease.acquire()  # LeaseHeldError while a run (the refresh itself) holds the flow
     try:
@@ -155,7 +140,7 @@ def abandon_refresh(spec: FlowSpec, settings: Settings) -> list[str]:
         lease.release()
 
 
-def _abandon(spec: FlowSpec, settings: Settings, locations: FlowLocations) -> list[str]:
+def _abandon(spec: FlowSpec, settings: Settings, locations: FlowState) -> list[str]:
     pending = pending_refresh(locations)
     if pending is None:
         return []
@@ -164,12 +149,12 @@ def _abandon(spec: FlowSpec, settings: Settings, locations: FlowLocations) -> li
             f"flow {spec.name}: the refresh is swapping its tables in; finish it with "
             f"`conflux refresh {spec.name}`"
         )
-    twins = [SilverRefresh.beside(t.path) for t in swap_tables(spec, settings)]
-    removed = [str(refresh_checkpoint(locations)), *twins]
+    twins = [t.rebuilt_location for t in swap_tables(spec, settings)]
+    removed = [str(locations.refresh_checkpoint), *twins]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
-    marker_file(locations).unlink()
-    return [*removed, str(marker_file(locations))]
+    locations.refresh_marker.unlink()
+    return [*removed, str(locations.refresh_marker)]
 
 
 def last_batch(checkpoint: Path) -> int | None:
@@ -179,40 +164,10 @@ def last_batch(checkpoint: Path) -> int | None:
     return max(ids) if ids else None
 
 
-@dataclass(frozen=True)
-class SwapTable:
-    """One live table and its rebuilt twin."""
-
-    table: str
-    role: str
-    path: str
-    partition_by: tuple[str, ...] = ()
-
-
-def swap_tables(spec: FlowSpec, settings: Settings) -> list[SwapTable]:
-    """Every silver table of the flow (with the deleted-keys side table), live paths."""
-    assert spec.silver is not None
-    paths = table_paths(spec, settings)
-    silver = spec.silver
-    tables = [
-        SwapTable(silver.events.table, "events", str(paths["events"]), ("_event_date",)),
-        SwapTable(silver.quarantine.table, "quarantine", str(paths["quarantine"])),
-    ]
-    if silver.current is not None:
-        current = silver.current
-        tables.append(
-            SwapTable(current.table, "current", str(paths["current"]), current.partition_by)
-        )
-        tables.append(
-            SwapTable(
-                f"{current.table}__deleted_keys",
-                "deleted_keys",
-                str(deleted_keys_path(paths["current"])),
-            )
-        )
-    if silver.history is not None:
-        tables.append(SwapTable(silver.history.table, "history", str(paths["history"])))
-    return tables
+def swap_tables(spec: FlowSpec, settings: Settings) -> list[CatalogTable]:
+    """Every silver table of the flow (with the deleted-keys side table): what a refresh
+    rebuilds beside the live tables and swaps in."""
+    return FlowCatalog.of(spec, settings).written_by(SILVER_STAGE)
 
 
 def complete_refresh(spark: SparkSession, spec: FlowSpec, settings: Settings) -> list[TableWrite]:
@@ -220,20 +175,19 @@ def complete_refresh(spark: SparkSession, spec: FlowSpec, settings: Settings) ->
 
     Repeatable: a crash anywhere in here is finished by calling it again.
     """
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     refresh = pending_refresh(locations)
     identity = read_identity(locations)
     if refresh is None or identity is None:
         return []
     refresh = replace(refresh, phase="swapping")
     _save(locations, refresh)
-    building = refresh_checkpoint(locations)
-    live = locations.stage_checkpoint("silver")
+    building = locations.refresh_checkpoint
+    live = locations.silver_checkpoint
     batch = last_batch(building if building.exists() else live)
     tables = swap_tables(spec, settings)
     writes = [
-        _swap(spark, table, identity.silver_app_id(table.table, refresh.generation), batch)
-        for table in tables
+        _swap(spark, table, table.app_id(identity, refresh.generation), batch) for table in tables
     ]
     if building.exists():
         if live.exists():
@@ -243,25 +197,25 @@ def complete_refresh(spark: SparkSession, spec: FlowSpec, settings: Settings) ->
         shutil.move(str(building), str(live))
     write_identity(locations, replace(identity, silver_generation=refresh.generation))
     for table in tables:
-        shutil.rmtree(SilverRefresh.beside(table.path), ignore_errors=True)
-    marker_file(locations).unlink(missing_ok=True)
+        shutil.rmtree(table.rebuilt_location, ignore_errors=True)
+    locations.refresh_marker.unlink(missing_ok=True)
     return writes
 
 
 def resume_swap(spark: SparkSession, spec: FlowSpec, settings: Settings) -> list[TableWrite]:
     """Finish a swap a crash interrupted, before any query of the flow starts."""
-    pending = pending_refresh(FlowLocations.of(spec, settings))
+    pending = pending_refresh(FlowState.of(spec, settings))
     if pending is None or pending.phase != "swapping":
         return []
     return complete_refresh(spark, spec, settings)
 
 
-def _swap(spark: SparkSession, table: SwapTable, app_id: str, batch: int | None) -> TableWrite:
+def _swap(spark: SparkSession, table: CatalogTable, app_id: str, batch: int | None) -> TableWrite:
     """Replace the live table by its twin in one commit under (app id, last batch)."""
-    twin = SilverRefresh.beside(table.path)
+    twin = table.rebuilt_location
     if not DeltaTable.isDeltaTable(spark, twin):  # swapped (and the twin removed) before a crash
-        return TableWrite(table.table, table.role, None, 0, skipped=True)
-    before = delta_version(spark, table.path)
+        return TableWrite(table.name, table.id, None, 0, skipped=True)
+    before = delta_version(spark, table.location)
     writer = (
         spark.read.format("delta")
         .load(twin)
@@ -273,23 +227,23 @@ def _swap(spark: SparkSession, table: SwapTable, app_id: str, batch: int | None)
         writer = writer.option("txnAppId", app_id).option("txnVersion", str(batch))
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
-    writer.save(table.path)
+    writer.save(table.location)
     detail = DeltaTable.forPath(spark, twin).detail().first()
     assert detail is not None
     carried = {
         k: v for k, v in (detail["properties"] or {}).items() if k.startswith(_CARRIED_PREFIX)
     }
     assignments = sql_properties(carried)
-    spark.sql(f"ALTER TABLE delta.`{table.path}` SET TBLPROPERTIES ({assignments})")
+    spark.sql(f"ALTER TABLE delta.`{table.location}` SET TBLPROPERTIES ({assignments})")
     # e.g. columns evolved into the old tables that the rebuilt ones do not have
-    live = DeltaTable.forPath(spark, table.path).detail().first()
+    live = DeltaTable.forPath(spark, table.location).detail().first()
     assert live is not None
     stale = [
         k for k in (live["properties"] or {}) if k.startswith(_CARRIED_PREFIX) and k not in carried
     ]
     if stale:
         names = ", ".join(f"'{k}'" for k in stale)
-        spark.sql(f"ALTER TABLE delta.`{table.path}` UNSET TBLPROPERTIES IF EXISTS ({names})")
+        spark.sql(f"ALTER TABLE delta.`{table.location}` UNSET TBLPROPERTIES IF EXISTS ({names})")
     if batch is None:
-        return TableWrite(table.table, table.role, delta_version(spark, table.path), 0, False)
-    return committed_write(spark, table.table, table.role, table.path, before, app_id, batch)
+        return TableWrite(table.name, table.id, delta_version(spark, table.location), 0, False)
+    return committed_write(spark, table.name, table.id, table.location, before, app_id, batch)

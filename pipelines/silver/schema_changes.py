@@ -46,8 +46,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
+from pipelines.catalog.lifecycle import ddl_struct, sql_properties
 from pipelines.silver.expectations import SAMPLE_CHARS
-from pipelines.silver.parse import REASONS, SCHEMA_MISMATCH, ddl_struct, parsed_event
+from pipelines.silver.parse import REASONS, SCHEMA_MISMATCH, parsed_event
 from pipelines.spec import IDENTIFIER_RE, RESCUED_DATA_COLUMN, SilverSpec, ddl_fields
 
 __all__ = ["SCHEMA_MISMATCH"]  # the parser's reason for a value of another type than declared
@@ -226,11 +227,6 @@ def failure_message(
     )
 
 
-def schema_change_stopped(error: str, flow: str) -> bool:
-    """Whether ``error`` carries a :func:`failure_message` of ``flow``."""
-    return f"flow {flow}: silver batch " in error and "[schema change]" in error
-
-
 def addable_columns(names: Sequence[str], existing: Iterable[str]) -> tuple[list[str], list[str]]:
     """(names that can become columns, names that cannot) of undeclared fields.
 
@@ -331,7 +327,5 @@ def evolved_columns(spark: SparkSession, events_path: str) -> str:
 
 def record_evolved(spark: SparkSession, events_path: str, ddl: str) -> None:
     """Store ``ddl`` as the evolved columns, in the events table's properties."""
-    from pipelines.silver.tables import sql_properties
-
     assignments = sql_properties({EVOLVED_COLUMNS_PROPERTY: ddl})
     spark.sql(f"ALTER TABLE delta.`{events_path}` SET TBLPROPERTIES ({assignments})")

@@ -1,6 +1,6 @@
 """Sources: each kind of source is a :class:`SourceReader`, found by its spec's type.
 
-Adding a kind of source means a spec dataclass (``pipelines/spec.py``), a module here with its
+Adding a kind of source means a spec model (``pipelines/spec/bronze.py``), a module here with its
 reader, and one entry in :data:`READERS`; on the data plane nothing else dispatches on the kind
 (the control plane names the source's external asset in ``assets/flows.py::source_specs``).
 """
@@ -13,7 +13,7 @@ from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
 from pipelines.settings import Settings
 from pipelines.spec import FileSource, FlowSpec, KafkaSource, Source
 
@@ -48,7 +48,7 @@ class KafkaReader:
 class FileReader:
     source: FileSource
     settings: Settings
-    locations: FlowLocations
+    locations: FlowState
 
     def stream(self, spark: SparkSession) -> DataFrame:
         from pipelines.sources.files import read_files_stream
@@ -61,7 +61,7 @@ class FileReader:
         return prepare_batch(batch, self.source, load_schema(self.locations.schema_file))
 
 
-READERS: dict[type, Callable[[Source, Settings, FlowLocations], SourceReader]] = {
+READERS: dict[type, Callable[[Source, Settings, FlowState], SourceReader]] = {
     KafkaSource: lambda source, settings, _locations: KafkaReader(source, settings),  # type: ignore[arg-type]
     FileSource: lambda source, settings, locations: FileReader(source, settings, locations),  # type: ignore[arg-type]
 }
@@ -69,4 +69,4 @@ READERS: dict[type, Callable[[Source, Settings, FlowLocations], SourceReader]] =
 
 def source_reader(spec: FlowSpec, settings: Settings) -> SourceReader:
     """The reader of ``spec``'s source."""
-    return READERS[type(spec.source)](spec.source, settings, FlowLocations.of(spec, settings))
+    return READERS[type(spec.source)](spec.source, settings, FlowState.of(spec, settings))

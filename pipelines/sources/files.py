@@ -89,8 +89,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from pipelines.catalog.state import resolve
 from pipelines.errors import ConfigError
-from pipelines.locations import resolve
 from pipelines.settings import Settings
 from pipelines.spec import FileSource
 

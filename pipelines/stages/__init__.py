@@ -2,11 +2,12 @@
 :mod:`pipelines.flow`.
 
 Adding a kind of stage means a module here with a class that fits :class:`Stage`, its spec section
-(``pipelines/spec.py``), and one entry in :data:`pipelines.flow.STAGE_KINDS`.
+(a model in ``pipelines/spec/``), and one entry in :data:`pipelines.flow.STAGE_KINDS`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -55,4 +56,15 @@ class Stage(Protocol):
 
     def finish(self, spark: SparkSession) -> list[TableWrite]:
         """After the run's queries ended cleanly (e.g. swap in a full refresh's tables)."""
+        ...
+
+    def starting(self, trigger_mode: str) -> None:
+        """Before the stage's own query starts, under ``trigger_mode`` (``available_now`` or
+        ``continuous``): e.g. a join's split learns whether its join query runs beside it."""
+        ...
+
+    def write_with(self, batch: DataFrame, batch_id: int, fused: Sequence[Stage]) -> None:
+        """Write one batch of the stage's own query, and the stages ``fused`` into it (those
+        without a query of their own that follow it) on the rows it wrote, under its batch id.
+        A stage that cannot host fused stages refuses any (see :class:`pipelines.stages.base.QueryStage`)."""
         ...

@@ -21,13 +21,16 @@ Delta skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.catalog.roles import BRONZE_STAGE, TableRole, role_id
+from pipelines.catalog.state import FlowState
 from pipelines.delta_writes import (
     BACKGROUND_CHECKPOINT_PROPERTIES,
     TableWrite,
@@ -36,11 +39,13 @@ from pipelines.delta_writes import (
 )
 from pipelines.identity import FlowIdentity, resolve_identity, write_identity
 from pipelines.lease import LeaseGuard
-from pipelines.locations import FlowLocations
 from pipelines.progress import BatchCommit
 from pipelines.settings import Settings
 from pipelines.sources import SourceReader, source_reader
 from pipelines.spec import FlowSpec
+
+if TYPE_CHECKING:
+    from pipelines.stages import Stage
 
 
 def with_ingestion_columns(frame: DataFrame) -> DataFrame:
@@ -53,7 +58,7 @@ def with_ingestion_columns(frame: DataFrame) -> DataFrame:
 class BronzeStage:
     """One flow's bronze stream: the source, written by ``foreachBatch`` with Delta txn ids."""
 
-    kind = "bronze"
+    kind = BRONZE_STAGE
     output_mode = "append"
     own_query = True
 
@@ -68,13 +73,13 @@ class BronzeStage:
         reader: SourceReader | None = None,
     ) -> None:
         self.spec = spec
-        self.locations = FlowLocations.of(spec, settings)
+        self.locations = FlowState.of(spec, settings)
         self.reader = reader or source_reader(spec, settings)
         self.guard = guard
         self.on_commit = on_commit
         self.table_path = str(self.locations.table)
         self.query_name = spec.name
-        self.tables = {"bronze": (spec.target.table, self.table_path)}
+        self.tables = {role_id(TableRole.BRONZE): (spec.target.table, self.table_path)}
         self.main_table = self.table_path
         self.checkpoint: Path = self.locations.checkpoint
         self.identity: FlowIdentity | None = None
@@ -127,6 +132,23 @@ class BronzeStage:
         """Write one micro-batch idempotently; runs in the driver for every batch."""
         return self.write_rows(self.rows(batch), batch_id)
 
+    def starting(self, trigger_mode: str) -> None:
+        """Bronze needs no word of the others."""
+
+    def write_with(self, batch: DataFrame, batch_id: int, fused: Sequence[Stage]) -> None:
+        """Write the batch, then the stages fused into bronze on the very rows it wrote (one
+        ingestion time for bronze and what follows), all under the batch's id."""
+        if not fused:
+            self.write_batch(batch, batch_id)
+            return
+        rows = self.rows(batch).persist()
+        try:
+            self.write_rows(rows, batch_id)
+            for stage in fused:
+                stage.write_batch(rows, batch_id)
+        finally:
+            rows.unpersist()
+
     def write_rows(self, rows: DataFrame, batch_id: int) -> BatchCommit:
         """Append bronze rows (see :meth:`rows`) under the batch's transaction id."""
         assert self.identity is not None, "prepare() runs before the query starts"
@@ -135,7 +157,7 @@ class BronzeStage:
         write = append_idempotently(
             rows,
             self.spec.target.table,
-            "bronze",
+            role_id(TableRole.BRONZE),
             self.table_path,
             self.identity.txn_app_id,
             batch_id,

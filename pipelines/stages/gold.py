@@ -39,6 +39,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, TimestampType
 
+from pipelines.catalog.lifecycle import TableDesign, ddl_struct, ensure_table
+from pipelines.catalog.roles import TableRole, gold_quarantine_id, gold_stage
+from pipelines.catalog.state import write_json_atomically
+from pipelines.catalog.tables import CatalogTable, FlowCatalog
 from pipelines.delta_writes import (
     TableWrite,
     append_idempotently,
@@ -76,17 +80,11 @@ from pipelines.identity import (
     read_identity,
 )
 from pipelines.lease import LeaseGuard
-from pipelines.locations import (
-    FlowLocations,
-    gold_input_path,
-    table_paths,
-    write_json_atomically,
-)
+from pipelines.messages import GoldQuality
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
-from pipelines.silver.parse import ddl_struct
-from pipelines.silver.tables import TableDesign, ensure_table
 from pipelines.spec import AnyGold, FlowSpec, GoldSpec, duration_seconds
+from pipelines.stages.base import QueryStage
 
 #: Far above the files one split batch writes: a stateful batch reads whole input versions.
 WHOLE_VERSIONS = "1000000"
@@ -110,7 +108,7 @@ def rebuild_hint(spec: FlowSpec) -> str:
     )
 
 
-class _GoldBase:
+class _GoldBase(QueryStage):
     """What both queries of one gold table share: locations, identity, the input schema."""
 
     own_query = True
@@ -130,19 +128,23 @@ class _GoldBase:
         assert spec.silver is not None, "validated: gold reads the silver events"
         self.spec, self.gold, self.settings = spec, gold, settings
         self.guard, self.on_commit = guard, on_commit
-        kind = f"gold.{gold.table}{self.kind_suffix}"
+        kind = gold_stage(gold.table, split=self.kind_suffix == ".split")
         self.kind = kind
         self.query_name = f"{spec.name}.{kind}"
-        self.locations = FlowLocations.of(spec, settings)
+        self.catalog = FlowCatalog.of(spec, settings)
+        self.locations = self.catalog.state
         self.checkpoint: Path = self.locations.stage_checkpoint(kind)
-        paths = table_paths(spec, settings)
-        self.events_path = str(paths["events"])
-        self.quarantine_path = str(paths["quarantine"])
-        self.quarantine_table = spec.silver.quarantine.table
-        self.gold_path = str(paths[f"gold/{gold.table}"])
-        self.late_path = str(paths[f"late/{gold.table}"])
-        self.input_path = str(gold_input_path(paths[f"gold/{gold.table}"]))
-        self.input_table = f"{gold.table}__input"
+        self.events_path = self.catalog.table(TableRole.EVENTS).location
+        self.quarantine = self.catalog.table(TableRole.QUARANTINE)
+        self.quarantine_path = self.quarantine.location
+        self.quarantine_table = self.quarantine.name
+        self.gold_entry = self.catalog.table(TableRole.GOLD, gold.table)
+        self.late_entry = self.catalog.table(TableRole.LATE, gold.table)
+        self.input_entry = self.catalog.table(TableRole.GOLD_INPUT, gold.table)
+        self.gold_path = self.gold_entry.location
+        self.late_path = self.late_entry.location
+        self.input_path = self.input_entry.location
+        self.input_table = self.input_entry.name
         self.identity: FlowIdentity | None = None
         self.main_table, self.tables = self._own_tables()
 
@@ -150,12 +152,24 @@ class _GoldBase:
         """The stage's main table, and role -> (table, path) of the tables it writes."""
         raise NotImplementedError
 
-    def app_id(self, table: str) -> str:
+    def app_id(self, table: CatalogTable) -> str:
         assert self.identity is not None, "prepare() runs before any batch"
-        return f"{self.identity.txn_app_id}-{table}"
+        return table.app_id(self.identity)
 
     def finish(self, spark: SparkSession) -> list[TableWrite]:
         return []
+
+    def _append(self, frame: DataFrame, table: CatalogTable, batch_id: int) -> TableWrite:
+        """Append ``frame`` to one of the gold table's own tables under the batch's txn id."""
+        return append_idempotently(
+            frame,
+            table.name,
+            table.id,
+            table.location,
+            self.app_id(table),
+            batch_id,
+            table.partition_by,
+        )
 
     def _committed(self, batch_id: int, writes: list[TableWrite]) -> BatchCommit:
         """The batch's commit (its first write's version), reported."""
@@ -199,13 +213,10 @@ class _GoldBase:
             )
         return events
 
-    def _design(
-        self, role: str, table: str, path: str, schema: StructType, **more: Any
-    ) -> TableDesign:
+    def _design(self, table: CatalogTable, schema: StructType, **more: Any) -> TableDesign:
         return TableDesign(
-            role=role,
-            table=table,
-            path=path,
+            entry=table,
+            path=table.location,
             schema=schema,
             spec_properties={GOLD_PROPERTY: self.gold.design_key()},
             spec_field=f"gold ({self.gold.table})",
@@ -216,7 +227,7 @@ class _GoldBase:
 
     def _gold_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
         """What the stateful query writes: the gold table."""
-        return self.gold_path, {f"gold/{self.gold.table}": (self.gold.table, self.gold_path)}
+        return self.gold_path, {self.gold_entry.id: (self.gold.table, self.gold_path)}
 
     def _prepare_gold(self, spark: SparkSession, schema: StructType) -> None:
         """Create or check the gold table (partitioned by event date, for backfills)."""
@@ -224,11 +235,9 @@ class _GoldBase:
             spark,
             [
                 self._design(
-                    f"gold/{self.gold.table}",
-                    self.gold.table,
-                    self.gold_path,
+                    self.gold_entry,
                     schema,
-                    partition_by=("_event_date",),
+                    partition_by=self.gold_entry.partition_by,
                     delta_properties=self.gold.delta_properties(),
                     stated_properties=self.gold.stated_properties(),
                 )
@@ -257,11 +266,12 @@ class SplitStage(_GoldBase):
     def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
         gold = self.gold
         self.watermarks = WatermarkLog(
-            self.checkpoint, duration_seconds(gold.allowed_lateness), self.sides
+            self.locations.watermark_log(gold.table),
+            duration_seconds(gold.allowed_lateness),
+            self.sides,
         )
         return self.input_path, {
-            f"late/{gold.table}": (gold.late.table, self.late_path),
-            f"gold_input/{gold.table}": (self.input_table, self.input_path),
+            table.id: (table.name, table.location) for table in (self.late_entry, self.input_entry)
         }
 
     def _prepare_split(self, spark: SparkSession, schema: StructType, late_ddl: str) -> None:
@@ -286,16 +296,8 @@ class SplitStage(_GoldBase):
         self._prepare_tables(
             spark,
             [
-                self._design(
-                    f"gold_input/{self.gold.table}", self.input_table, self.input_path, schema
-                ),
-                self._design(
-                    f"late/{self.gold.table}",
-                    self.gold.late.table,
-                    self.late_path,
-                    late,
-                    partition_by=("_event_date",),
-                ),
+                self._design(self.input_entry, schema),
+                self._design(self.late_entry, late, partition_by=self.late_entry.partition_by),
             ],
         )
         self.columns = schema.fieldNames()
@@ -370,36 +372,26 @@ class SplitStage(_GoldBase):
             writes: list[TableWrite] = []
             if counts[ON_TIME]:
                 writes.append(
-                    append_idempotently(
+                    self._append(
                         rows.where(F.col("_gold_class") == ON_TIME).select(*self.columns),
-                        self.input_table,
-                        f"gold_input/{gold.table}",
-                        self.input_path,
-                        self.app_id(self.input_table),
+                        self.input_entry,
                         batch_id,
                     )
                 )
             if counts[LATE]:
                 writes.append(
-                    append_idempotently(
-                        self._late_rows(rows, batch_id),
-                        gold.late.table,
-                        f"late/{gold.table}",
-                        self.late_path,
-                        self.app_id(gold.late.table),
-                        batch_id,
-                        ("_event_date",),
-                    )
+                    self._append(self._late_rows(rows, batch_id), self.late_entry, batch_id)
                 )
             quarantined = int(counts[NULL_TIME]) + int(counts[FUTURE_TIME])
             if quarantined:
+                assert self.identity is not None, "prepare() runs before any batch"
                 writes.append(
                     append_idempotently(
                         self._quarantine_rows(rows),
                         self.quarantine_table,
-                        f"gold_quarantine/{gold.table}",
+                        gold_quarantine_id(gold.table),
                         self.quarantine_path,
-                        self.app_id(f"{self.quarantine_table}-gold-{gold.table}-{self.epoch}"),
+                        self.catalog.gold_quarantine_app_id(self.identity, gold.table, self.epoch),
                         batch_id,
                     )
                 )
@@ -411,25 +403,23 @@ class SplitStage(_GoldBase):
         commit = BatchCommit(
             flow=self.spec.name,
             batch_id=batch_id,
-            table_version=next(
-                (w.version for w in writes if w.role.startswith("gold_input")), None
-            ),
-            rows_added=sum(w.rows for w in writes if w.role.startswith("gold_input")),
+            table_version=next((w.version for w in writes if w.role == self.input_entry.id), None),
+            rows_added=sum(w.rows for w in writes if w.role == self.input_entry.id),
             replayed=bool(writes) and all(w.skipped for w in writes),
             stage=self.kind,
             writes=tuple(writes),
-            quality={
-                "rows_in": int(counts["rows_in"]),
-                "on_time": int(counts[ON_TIME]),
-                "late": int(counts[LATE]),
-                "quarantined": quarantined,
-                "filtered": int(counts[FILTERED]),
-                "null_event_time": int(counts[NULL_TIME]),
-                "future_event_time": int(counts[FUTURE_TIME]),
-                **reported,
-                "next_watermark": micros_to_iso(after.watermark_micros),
-                "max_event_time": micros_to_iso(after.max_event_micros),
-            },
+            quality=GoldQuality(
+                rows_in=int(counts["rows_in"]),
+                on_time=int(counts[ON_TIME]),
+                late=int(counts[LATE]),
+                quarantined=quarantined,
+                filtered=int(counts[FILTERED]),
+                null_event_time=int(counts[NULL_TIME]),
+                future_event_time=int(counts[FUTURE_TIME]),
+                next_watermark=micros_to_iso(after.watermark_micros),
+                max_event_time=micros_to_iso(after.max_event_micros),
+                watermarks=reported,
+            ),
         )
         self.on_commit(commit)
         return commit
@@ -577,7 +567,7 @@ class GoldStage(_AggregateInput):
                 *(f"t.`{k}` <=> s.`{k}`" for k in gold.group_by),
             ]
         )
-        app_id = self.app_id(gold.table)
+        app_id = self.app_id(self.gold_entry)
         before = delta_version(spark, self.gold_path)
 
         def merge() -> None:
@@ -593,5 +583,5 @@ class GoldStage(_AggregateInput):
         with idempotent_session(spark, app_id, batch_id):
             retry_on_maintenance(merge, gold.table, batch_id)
         return committed_write(
-            spark, gold.table, f"gold/{gold.table}", self.gold_path, before, app_id, batch_id
+            spark, gold.table, self.gold_entry.id, self.gold_path, before, app_id, batch_id
         )

@@ -23,7 +23,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from pipelines.delta_writes import TableWrite, append_idempotently
+from pipelines.catalog.roles import TableRole
+from pipelines.catalog.tables import FlowCatalog
+from pipelines.delta_writes import TableWrite
 from pipelines.errors import ConfigError
 from pipelines.gold.joins import (
     LEFT,
@@ -37,7 +39,6 @@ from pipelines.gold.joins import (
 )
 from pipelines.gold.watermark import WatermarkRecord, micros_column, micros_to_iso
 from pipelines.gold.windows import future_condition
-from pipelines.locations import table_paths
 from pipelines.progress import BatchCommit
 from pipelines.spec import GoldJoinSpec, duration_seconds, join_input
 from pipelines.stages.gold import SplitStage, _GoldBase, whole_versions
@@ -48,7 +49,9 @@ class _JoinInput(_GoldBase):
 
     def _own_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
         other = join_input(self.spec, self.gold)
-        self.right_events_path = str(table_paths(other, self.settings)["events"])
+        self.right_events_path = (
+            FlowCatalog.of(other, self.settings).table(TableRole.EVENTS).location
+        )
         self.reads_flows = () if other.name == self.spec.name else (other.name,)
         return self._join_tables()
 
@@ -86,8 +89,13 @@ class JoinSplitStage(_JoinInput, SplitStage):
 
     sides = (LEFT, RIGHT)
     #: Whether the join query runs at the same time as this one (a continuous run starts both
-    #: together; set by :meth:`pipelines.flow.FlowPipeline.start`).
+    #: together; set by :meth:`starting`).
     beside_join = False
+
+    def starting(self, trigger_mode: str) -> None:
+        """An ``available_now`` run starts the join query after this one ended; any other runs
+        them side by side, and the split then judges lateness with a margin (module doc)."""
+        self.beside_join = trigger_mode != "available_now"
 
     def _join_tables(self) -> tuple[str, dict[str, tuple[str, str]]]:
         return SplitStage._own_tables(self)
@@ -201,17 +209,7 @@ class JoinStage(_JoinInput):
         try:
             writes: list[TableWrite] = []
             if joined.count():
-                writes.append(
-                    append_idempotently(
-                        joined,
-                        self.gold.table,
-                        f"gold/{self.gold.table}",
-                        self.gold_path,
-                        self.app_id(self.gold.table),
-                        batch_id,
-                        ("_event_date",),
-                    )
-                )
+                writes.append(self._append(joined, self.gold_entry, batch_id))
         finally:
             joined.unpersist()
         return self._committed(batch_id, writes)

@@ -27,15 +27,17 @@ the query it runs in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StructType
 
+from pipelines.catalog.lifecycle import TableDesign, ensure_table
+from pipelines.catalog.roles import SILVER_STAGE, TableRole
+from pipelines.catalog.tables import CatalogTable, FlowCatalog
 from pipelines.delta_writes import (
     TableWrite,
     append_idempotently,
@@ -43,7 +45,6 @@ from pipelines.delta_writes import (
     idempotent_session,
     retry_on_maintenance,
 )
-from pipelines.errors import ConfigError
 from pipelines.identity import (
     FlowIdentity,
     checkpoint_has_commits,
@@ -51,7 +52,6 @@ from pipelines.identity import (
     read_identity,
 )
 from pipelines.lease import LeaseGuard
-from pipelines.locations import FlowLocations, deleted_keys_path, table_paths
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver import current as current_state
@@ -62,14 +62,12 @@ from pipelines.silver.expectations import (
     batch_quality,
     failure_message,
     failures,
-    passes,
     with_expectations,
 )
 from pipelines.silver.parse import (
     EVENT_METADATA,
     PARSER_COLUMNS,
     bronze_rows_of,
-    ddl_struct,
     events_of,
     parse_batch,
     quarantine_of,
@@ -78,7 +76,6 @@ from pipelines.silver.refresh import (
     SilverRefresh,
     begin_refresh,
     complete_refresh,
-    refresh_checkpoint,
     refuse_pending,
 )
 from pipelines.silver.schema_changes import (
@@ -94,47 +91,22 @@ from pipelines.silver.schema_changes import (
 )
 from pipelines.silver.schema_changes import aggregates as schema_aggregates
 from pipelines.silver.schema_changes import failure_message as schema_failure_message
-from pipelines.silver.tables import (
-    CHAINING_PROPERTY,
-    FORMAT_PROPERTY,
-    HISTORY_PROPERTY,
-    KEYS_PROPERTY,
-    SEQUENCE_PROPERTY,
-    TableDesign,
-    ensure_table,
-)
 from pipelines.silver.transform import (
     Transform,
     apply_transform,
-    checked_row_schema,
-    load_transform,
     materialize,
 )
-from pipelines.spec import RESCUED_DATA_COLUMN, FlowSpec, SilverSpec
+from pipelines.spec import FlowSpec, SilverSpec
+from pipelines.stages.base import QueryStage
+from pipelines.stages.silver_design import SilverDesign
 
-STAGE = "silver"
+STAGE = SILVER_STAGE
 log = logging.getLogger(__name__)
-_EVENT_METADATA_TYPES = {
-    "_op": "string",
-    "_event_time": "timestamp",
-    "_event_date": "date",
-    "_source_topic": "string",
-    "_source_partition": "int",
-    "_source_offset": "long",
-    "_source_timestamp": "timestamp",
-    "_source_ts_ms": "long",
-    "_source_lsn": "long",
-    "_ingested_at": "timestamp",
-    "_batch_id": "long",
-}
-QUARANTINE_DDL = (
-    "flow STRING, batch_id BIGINT, topic STRING, partition INT, offset BIGINT, "
-    "kafka_timestamp TIMESTAMP, raw_key BINARY, raw_value BINARY, reasons ARRAY<STRING>, "
-    "quarantined_at TIMESTAMP"
-)
+#: Tables whose version a batch's commit does not report (they follow the current table).
+_FOLLOWING_TABLES = (TableRole.DELETED_KEYS, TableRole.HISTORY)
 
 
-class SilverStage:
+class SilverStage(SilverDesign, QueryStage):
     """One flow's silver stage (see the module doc)."""
 
     kind = STAGE
@@ -155,46 +127,37 @@ class SilverStage:
         assert spec.silver is not None
         self.spec = spec
         self.silver: SilverSpec = spec.silver
-        self.locations = FlowLocations.of(spec, settings)
+        self.catalog = FlowCatalog.of(spec, settings)
+        self.locations = self.catalog.state
         self.settings = settings
         self.guard = guard
         self.on_commit = on_commit
         self.query_name = f"{spec.name}.{STAGE}"
-        self.own_query = self.silver.chaining == "stream"
+        self.own_query = self.silver.own_query
         if full_refresh:
             self.refresh: SilverRefresh | None = begin_refresh(spec, settings)
         else:
             refuse_pending(spec, settings)
             self.refresh = None
         self.checkpoint: Path = (
-            self.locations.stage_checkpoint(STAGE) if self.own_query else self.locations.checkpoint
+            self.locations.silver_checkpoint if self.own_query else self.locations.checkpoint
         )
         if self.refresh is not None:
-            self.checkpoint = refresh_checkpoint(self.locations)
-        paths = {
-            role: self._located(str(path))
-            for role, path in table_paths(spec, settings).items()
-            if role != "bronze"
+            self.checkpoint = self.locations.refresh_checkpoint
+        #: The silver tables, each with where this run writes it (a refresh: beside it).
+        self.written: dict[TableRole, tuple[CatalogTable, str]] = {
+            table.role: (table, self._located(table)) for table in self.catalog.written_by(STAGE)
         }
-        self.events_path = paths["events"]
-        self.quarantine_path = paths["quarantine"]
-        current = self.silver.current
-        self.current_path = paths["current"] if current else None
-        self.deleted_path = (
-            self._located(str(deleted_keys_path(table_paths(spec, settings)["current"])))
-            if current
-            else None
-        )
+        self.events_path = self.written[TableRole.EVENTS][1]
+        self.quarantine_path = self.written[TableRole.QUARANTINE][1]
+        self.current_path = self._path(TableRole.CURRENT)
+        self.deleted_path = self._path(TableRole.DELETED_KEYS)
+        self.history_path = self._path(TableRole.HISTORY)
         self.tables = {
-            "events": (self.silver.events.table, self.events_path),
-            "quarantine": (self.silver.quarantine.table, self.quarantine_path),
+            table.id: (table.name, path)
+            for table, path in self.written.values()
+            if not table.is_side_table
         }
-        if current is not None and self.current_path is not None:
-            self.tables["current"] = (current.table, self.current_path)
-        history = self.silver.history
-        self.history_path = paths["history"] if history else None
-        if history is not None and self.history_path is not None:
-            self.tables["history"] = (history.table, self.history_path)
         self.main_table = self.current_path or self.history_path or self.events_path
         self.identity: FlowIdentity | None = None
         self.transform: Transform | None = None
@@ -205,14 +168,24 @@ class SilverStage:
         #: Undeclared fields already logged as impossible column names.
         self.skipped_fields: set[str] = set()
 
-    def _located(self, live_path: str) -> str:
-        """Where this run writes the table at ``live_path``: beside it during a full refresh."""
-        return SilverRefresh.beside(live_path) if self.refresh is not None else live_path
+    def _located(self, table: CatalogTable) -> str:
+        """Where this run writes ``table``: beside the live one during a full refresh."""
+        return table.rebuilt_location if self.refresh is not None else table.location
 
-    def app_id(self, table: str) -> str:
+    def _path(self, role: TableRole) -> str | None:
+        """Where this run writes the silver table of ``role`` (None: the flow has none)."""
+        entry = self.written.get(role)
+        return None if entry is None else entry[1]
+
+    def app_id(self, role: TableRole) -> str:
         assert self.identity is not None, "prepare() runs before any batch"
         generation = self.refresh.generation if self.refresh is not None else None
-        return self.identity.silver_app_id(table, generation)
+        return self.written[role][0].app_id(self.identity, generation)
+
+    def _design(self, role: TableRole, schema: StructType, **more: Any) -> TableDesign:
+        """What the spec says the silver table of ``role`` must be."""
+        table, path = self.written[role]
+        return TableDesign(entry=table, path=path, schema=schema, **more)
 
     def finish(self, spark: SparkSession) -> list[TableWrite]:
         """After a clean end of the run: swap a full refresh's rebuilt tables in."""
@@ -221,247 +194,6 @@ class SilverStage:
         return complete_refresh(spark, self.spec, self.settings)
 
     # -- start -------------------------------------------------------------------------------
-
-    def designs(self, spark: SparkSession) -> list[TableDesign]:
-        """What each silver table must look like, from the spec and the parser's (and the
-        transform's) output schema."""
-        silver = self.silver
-        row, metadata, sequence_type = self._analyse(spark)
-        self.row_columns = tuple(row.fieldNames())
-        # Chaining decides whose batch ids the writes carry: switching would skip or redo batches.
-        spec_properties = {FORMAT_PROPERTY: silver.format, CHAINING_PROPERTY: silver.chaining}
-        designs = [
-            TableDesign(
-                role="events",
-                table=silver.events.table,
-                path=self.events_path,
-                schema=StructType([*row.fields, *metadata.fields]),
-                partition_by=("_event_date",),
-                spec_properties=spec_properties,
-                delta_properties=silver.events.delta_properties(),
-                stated_properties=silver.events.stated_properties(),
-                spec_field="silver.events",
-            ),
-            TableDesign(
-                role="quarantine",
-                table=silver.quarantine.table,
-                path=self.quarantine_path,
-                schema=ddl_struct(QUARANTINE_DDL),
-                delta_properties=silver.quarantine.delta_properties(),
-                stated_properties=silver.quarantine.stated_properties(),
-                spec_field="silver.quarantine",
-            ),
-        ]
-        current = silver.current
-        if current is not None:
-            assert self.current_path is not None and self.deleted_path is not None
-            keyed = {
-                **spec_properties,
-                KEYS_PROPERTY: ",".join(current.keys),
-                SEQUENCE_PROPERTY: silver.sequence_expression,
-            }
-            keys = [row[k] for k in current.keys]
-            values = [row[c] for c in current_state.value_columns(silver, self.row_columns)]
-            designs += [
-                TableDesign(
-                    role="current",
-                    table=current.table,
-                    path=self.current_path,
-                    schema=StructType(
-                        [
-                            *keys,
-                            *values,
-                            *ddl_struct(
-                                f"_sequence {sequence_type}, _op STRING, "
-                                "_event_time TIMESTAMP, _updated_at TIMESTAMP"
-                            ).fields,
-                        ]
-                    ),
-                    partition_by=current.partition_by,
-                    cluster_by=current.cluster_by,
-                    spec_properties=keyed,
-                    delta_properties=current.delta_properties(
-                        change_data_feed=True, deletion_vectors=True
-                    ),
-                    stated_properties=current.stated_properties(),
-                    spec_field="silver.current",
-                ),
-                TableDesign(
-                    role="deleted_keys",
-                    table=f"{current.table}__deleted_keys",
-                    path=self.deleted_path,
-                    schema=StructType(
-                        [
-                            *keys,
-                            *ddl_struct(f"_sequence {sequence_type}, _deleted_at TIMESTAMP").fields,
-                        ]
-                    ),
-                    spec_properties=keyed,
-                    delta_properties={
-                        "delta.enableDeletionVectors": current.delta_properties(
-                            deletion_vectors=True
-                        )["delta.enableDeletionVectors"]
-                    },
-                    spec_field="silver.current",
-                ),
-            ]
-        if silver.history is not None:
-            designs.append(self._history_design(row, sequence_type, spec_properties))
-        return designs
-
-    def _history_design(
-        self, row: StructType, sequence_type: str, spec_properties: Mapping[str, str]
-    ) -> TableDesign:
-        history = self.silver.history
-        assert history is not None and self.history_path is not None
-        plan = self._history_plan()
-        return TableDesign(
-            role="history",
-            table=history.table,
-            path=self.history_path,
-            schema=StructType(
-                [
-                    *(row[c] for c in (*plan.keys, *plan.values)),
-                    *ddl_struct(
-                        f"_valid_from {sequence_type}, _valid_to {sequence_type}, "
-                        "_valid_from_time TIMESTAMP, _valid_to_time TIMESTAMP, "
-                        "_is_current BOOLEAN, _updated_at TIMESTAMP"
-                    ).fields,
-                ]
-            ),
-            cluster_by=history.cluster_by,
-            spec_properties={
-                **spec_properties,
-                KEYS_PROPERTY: ",".join(plan.keys),
-                SEQUENCE_PROPERTY: self.silver.sequence_expression,
-                HISTORY_PROPERTY: ",".join(plan.tracked)
-                + (";ignoreNullUpdates" if plan.ignore_null_updates else ""),
-            },
-            delta_properties=history.delta_properties(change_data_feed=True, deletion_vectors=True),
-            stated_properties=history.stated_properties(),
-            spec_field="silver.history",
-        )
-
-    def _evolved(self) -> list[str]:
-        """The columns evolved into the tables (parsed, but not declared by the spec)."""
-        return [c for c in self.silver.declared_columns() if c not in self.spec_columns]
-
-    def _history_plan(self) -> history_state.HistoryPlan:
-        """Evolved columns and rescued fields are kept, not tracked: what arrives undeclared does
-        not change what a version is."""
-        untracked = [*self._evolved(), RESCUED_DATA_COLUMN]
-        return history_state.HistoryPlan.of(self.silver, self.row_columns, untracked)
-
-    def _analyse(self, spark: SparkSession) -> tuple[StructType, StructType, str]:
-        """(row columns, metadata columns, sequence type) of the events a batch writes: the
-        parser's output on an empty batch, through the transform when the spec has one."""
-        silver = self.silver
-        empty = spark.createDataFrame(
-            [],
-            ddl_struct(
-                "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
-                "kafka_timestamp TIMESTAMP, ingested_at TIMESTAMP"
-            ),
-        )
-        try:
-            parsed = self._parse(empty, 0, judged=False)
-            events = events_of(parsed, silver)
-        except Exception as exc:  # an AnalysisException names the unknown column or bad syntax
-            raise ConfigError(
-                f"{self.spec.spec_file}: silver: the spec's expressions do not analyse against "
-                f"the parsed row ({', '.join(silver.columns())} and {', '.join(EVENT_METADATA)}): "
-                f"{str(exc).splitlines()[0]}"
-            ) from exc
-        self._check_expectations(parsed)
-        sequence_type = events.schema["_sequence"].dataType.simpleString()
-        metadata = ddl_struct(
-            ", ".join(
-                f"{name} {_EVENT_METADATA_TYPES.get(name, sequence_type)}"
-                for name in EVENT_METADATA
-            )
-        )
-        row = ddl_struct(silver.schema_ddl)
-        if RESCUED_DATA_COLUMN in silver.columns():
-            row = row.add(RESCUED_DATA_COLUMN, "string")
-        if silver.transform is None:
-            return row, metadata, sequence_type
-        if self.transform is None:
-            self.transform = load_transform(silver.transform, self.spec.spec_file, spark)
-        output = apply_transform(
-            self.transform, silver.transform, events, self.spec.name, "check at start"
-        )
-        row = checked_row_schema(
-            output.schema,
-            events.schema,
-            EVENT_METADATA,
-            self._required_columns(),
-            f"{self.spec.spec_file}: silver.transform {silver.transform}",
-        )
-        # Table columns stay nullable whatever the transform's plan says (no NOT NULL constraints).
-        return (
-            StructType([StructField(f.name, f.dataType) for f in row.fields]),
-            metadata,
-            sequence_type,
-        )
-
-    def _check_expectations(self, parsed: DataFrame) -> None:
-        """Every expectation analyses against the parsed row, is a deterministic condition of one
-        row (no aggregate, window, randomness or clock: a replayed batch must be judged alike),
-        and the batch's whole evaluation runs (on no rows) without error."""
-        expectations = self.silver.expectations
-        if not expectations:
-            return
-        for index, expectation in enumerate(expectations):
-            where = (
-                f"{self.spec.spec_file}: silver.expectations.{index} ({expectation.name}: "
-                f"{expectation.describe()})"
-            )
-            condition = F.expr(expectation.expr) if expectation.expr else passes(expectation)
-            try:
-                projected = parsed.select(condition)
-                kind = projected.schema[0].dataType.simpleString()
-                analyzed = projected._jdf.queryExecution().analyzed()
-                deterministic = bool(analyzed.expressions().head().deterministic())
-                if expectation.rule == "matches":  # compile the pattern as Spark (Java) does
-                    parsed.sparkSession.range(1).select(
-                        F.lit("").rlike(f"^(?:{expectation.args['pattern']})$")
-                    ).collect()
-            except Exception as exc:  # an AnalysisException names the unknown column
-                raise ConfigError(
-                    f"{where}: does not analyse against the parsed row "
-                    f"({', '.join((*self.silver.columns(), *EVENT_METADATA))}): "
-                    f"{str(exc).splitlines()[0]}"
-                ) from exc
-            if kind != "boolean":
-                raise ConfigError(
-                    f"{where}: is {kind}, not a condition; write one such as `amount >= 0`"
-                )
-            if not deterministic:
-                raise ConfigError(
-                    f"{where}: is not deterministic (randomness or the current time): a batch "
-                    "replayed after a crash would be judged differently; compare with a column "
-                    "such as _ingested_at instead"
-                )
-        try:
-            self._count(with_expectations(parsed, expectations))
-        except Exception as exc:  # an aggregate or window inside an expression, a bad literal
-            raise ConfigError(
-                f"{self.spec.spec_file}: silver.expectations: they cannot be evaluated row by "
-                f"row (no aggregates or window functions): {str(exc).splitlines()[0]}"
-            ) from exc
-
-    def _required_columns(self) -> list[tuple[str, str]]:
-        """(column, spec field) of every column a table of the spec names."""
-        silver, required = self.silver, []
-        if silver.current is not None:
-            for field in ("keys", "columns", "partition_by"):
-                required += [(c, f"silver.current.{field}") for c in getattr(silver.current, field)]
-        if silver.history is not None:
-            required += [(c, "silver.history.keys") for c in silver.history_keys]
-            required += [(c, "silver.history.track_history") for c in silver.history.track_history]
-        if silver.event_time is not None:
-            required.append((silver.event_time, "silver.event_time"))
-        return required
 
     def prepare(self, spark: SparkSession) -> None:
         """Check the silver tables against the spec and the checkpoint; create what is missing.
@@ -513,7 +245,8 @@ class SilverStage:
         failed = failures(counts, self.silver.expectations)
         if failed:
             raise ExpectationFailedError(
-                failure_message(self.spec.name, self.spec.spec_file, batch_id, failed)
+                failure_message(self.spec.name, self.spec.spec_file, batch_id, failed),
+                names=[e.name for e, _, _ in failed],
             )
         if counts.get("schema_failed"):
             raise SchemaChangeError(
@@ -619,26 +352,11 @@ class SilverStage:
                 has_deletes = True  # the transform may have made deletes: let the MERGE see
             writes: list[TableWrite] = []
             if event_count:
-                writes.append(
-                    append_idempotently(
-                        events,
-                        silver.events.table,
-                        "events",
-                        self.events_path,
-                        self.app_id(silver.events.table),
-                        batch_id,
-                        ("_event_date",),
-                    )
-                )
+                writes.append(self._append(events, TableRole.EVENTS, batch_id))
             if counts["quarantined"]:
                 writes.append(
-                    append_idempotently(
-                        quarantine_of(parsed, self.spec.name),
-                        silver.quarantine.table,
-                        "quarantine",
-                        self.quarantine_path,
-                        self.app_id(silver.quarantine.table),
-                        batch_id,
+                    self._append(
+                        quarantine_of(parsed, self.spec.name), TableRole.QUARANTINE, batch_id
                     )
                 )
             if silver.current is not None and event_count:
@@ -650,18 +368,20 @@ class SilverStage:
             parsed.unpersist()
             if transformed is not None:
                 transformed.unpersist()
+        roles = {table.id: role for role, (table, _) in self.written.items()}
         commit = BatchCommit(
             flow=self.spec.name,
             batch_id=batch_id,
+            # the newest version of the tables that change with every batch's events
             table_version=next(
-                (w.version for w in reversed(writes) if w.role not in ("deleted_keys", "history")),
+                (w.version for w in reversed(writes) if roles[w.role] not in _FOLLOWING_TABLES),
                 None,
             ),
-            rows_added=sum(w.rows for w in writes if w.role == "events"),
+            rows_added=sum(w.rows for w in writes if roles[w.role] is TableRole.EVENTS),
             replayed=bool(writes) and all(w.skipped for w in writes),
             stage=STAGE,
             writes=tuple(writes),
-            quality=quality.to_dict(),
+            quality=quality,
         )
         self.on_commit(commit)
         return commit
@@ -683,9 +403,7 @@ class SilverStage:
             writes = [
                 self._merge_into(
                     spark,
-                    silver.current.table,
-                    "current",
-                    self.current_path,
+                    TableRole.CURRENT,
                     batch_id,
                     lambda target: current_state.merge_current(
                         target, source, silver, self.row_columns
@@ -693,13 +411,10 @@ class SilverStage:
                 )
             ]
             if has_deletes:
-                table = f"{silver.current.table}__deleted_keys"
                 writes.append(
                     self._merge_into(
                         spark,
-                        table,
-                        "deleted_keys",
-                        self.deleted_path,
+                        TableRole.DELETED_KEYS,
                         batch_id,
                         lambda target: current_state.merge_deleted_keys(target, reduced, silver),
                     )
@@ -729,9 +444,7 @@ class SilverStage:
             return [
                 self._merge_into(
                     spark,
-                    history.table,
-                    "history",
-                    self.history_path,
+                    TableRole.HISTORY,
                     batch_id,
                     lambda target: history_state.merge_history(target, changes, plan),
                 )
@@ -742,14 +455,21 @@ class SilverStage:
     def _merge_into(
         self,
         spark: SparkSession,
-        table: str,
-        role: str,
-        path: str,
+        role: TableRole,
         batch_id: int,
         merge: Callable[[DeltaTable], None],
     ) -> TableWrite:
-        app_id = self.app_id(table)
+        table, path = self.written[role]
+        app_id = self.app_id(role)
         before = delta_version(spark, path)
         with idempotent_session(spark, app_id, batch_id):
-            retry_on_maintenance(lambda: merge(DeltaTable.forPath(spark, path)), table, batch_id)
-        return committed_write(spark, table, role, path, before, app_id, batch_id)
+            retry_on_maintenance(
+                lambda: merge(DeltaTable.forPath(spark, path)), table.name, batch_id
+            )
+        return committed_write(spark, table.name, table.id, path, before, app_id, batch_id)
+
+    def _append(self, frame: DataFrame, role: TableRole, batch_id: int) -> TableWrite:
+        table, path = self.written[role]
+        return append_idempotently(
+            frame, table.name, table.id, path, self.app_id(role), batch_id, table.partition_by
+        )

@@ -28,7 +28,7 @@ import cdc_events  # platform/demo/cdc_events.py: this script's folder is on sys
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
 from pipelines.settings import Settings, load_settings
 from pipelines.spec import load_specs
 
@@ -235,7 +235,7 @@ def main() -> int:
     # The file flow infers its schema from the first files it sees: keep those clean, and send
     # records that break the schema only once the schema is stored.
     spec = next(s for s in load_specs(settings.flows_dir) if s.name == "orders_files")
-    schema_stored = FlowLocations.of(spec, settings).schema_file.exists()
+    schema_stored = FlowState.of(spec, settings).schema_file.exists()
     lines = write_files(
         settings.runtime_dir / "landing" / "orders",
         next_ids(settings, args.events),

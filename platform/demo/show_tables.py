@@ -12,11 +12,17 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.catalog.roles import TableRole
+from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import FlowCatalog
 from pipelines.settings import Settings, load_settings
 from pipelines.silver.schema_changes import evolved_columns
 from pipelines.spark import get_spark_session
 from pipelines.spec import FlowSpec, GoldJoinSpec, ddl_fields, load_specs
+
+
+def _location(spec: FlowSpec, settings: Settings, role: TableRole, gold: str | None = None) -> str:
+    return FlowCatalog.of(spec, settings).table(role, gold).location
 
 
 def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
@@ -24,7 +30,7 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
     silver = spec.silver
     if silver is None:
         return
-    events_path = str(silver_table_path(settings, silver.events.table, silver.events.path))
+    events_path = _location(spec, settings, TableRole.EVENTS)
     if not DeltaTable.isDeltaTable(spark, events_path):
         print(f"\n== {silver.events.table}: not written yet")
         return
@@ -42,14 +48,14 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
         events.where(seen).select(*keys, *names).show(5)
     if silver.current is not None:
         current = silver.current
-        path = str(silver_table_path(settings, current.table, current.path))
+        path = _location(spec, settings, TableRole.CURRENT)
         table = spark.read.format("delta").load(path)
         rows = table.count()
         print(f"== silver current-state table {current.table} at {path}: {rows} rows (live keys)")
         table.orderBy(*current.keys).show(max(rows, 1), truncate=40)
     if silver.history is not None:
         show_history(spark, spec, settings)
-    path = str(silver_table_path(settings, silver.quarantine.table, silver.quarantine.path))
+    path = _location(spec, settings, TableRole.QUARANTINE)
     if DeltaTable.isDeltaTable(spark, path):
         quarantine = spark.read.format("delta").load(path)
         print(f"== silver quarantine table {silver.quarantine.table}: {quarantine.count()} records")
@@ -62,12 +68,10 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
     """Each gold table's newest windows, its late rows and what backfills reconciled."""
     from pipelines.gold.backfill import unreconciled
     from pipelines.gold.watermark import WatermarkLog, micros_to_iso
-    from pipelines.locations import gold_backfills_path, table_paths
 
-    paths = table_paths(spec, settings)
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     for gold in spec.gold:
-        path = str(paths[f"gold/{gold.table}"])
+        path = _location(spec, settings, TableRole.GOLD, gold.table)
         if not DeltaTable.isDeltaTable(spark, path):
             print(f"\n== gold {gold.table}: not written yet")
             continue
@@ -80,8 +84,7 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
             late_columns = ["_event_time", "_window_start", "_window_end", *gold.group_by]
             what, matched, side = "windows", F.lit(None), ""
         table = spark.read.format("delta").load(path)
-        split = locations.stage_checkpoint(f"gold.{gold.table}.split")
-        record = WatermarkLog(split, 0).latest()
+        record = WatermarkLog(locations.watermark_log(gold.table), 0).latest()
         watermark = record.watermark_micros if record else None
         counts = table.agg(F.count(F.lit(1)), matched).first()
         assert counts is not None
@@ -93,7 +96,7 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
         table.orderBy(*(F.desc(c) for c in newest[:1]), *newest[1:]).drop(
             "_updated_at", "_joined_at"
         ).show(8, truncate=False)
-        late_path = str(paths[f"late/{gold.table}"])
+        late_path = _location(spec, settings, TableRole.LATE, gold.table)
         if DeltaTable.isDeltaTable(spark, late_path):
             late = spark.read.format("delta").load(late_path)
             print(
@@ -101,7 +104,7 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
                 "the watermark (kept, never dropped)"
             )
             late.select(*late_columns, "_watermark").orderBy("_event_time").show(8, truncate=False)
-            backfills = gold_backfills_path(paths[f"gold/{gold.table}"])
+            backfills = _location(spec, settings, TableRole.BACKFILLS, gold.table)
             if DeltaTable.isDeltaTable(spark, str(backfills)):
                 done = spark.read.format("delta").load(str(backfills))
                 print(f"== backfills of {gold.table} (append-only record of the late rows covered)")
@@ -122,7 +125,7 @@ def show_history(spark: SparkSession, spec: FlowSpec, settings: Settings) -> Non
     """The history table's size, and every version of the key with the most of them."""
     assert spec.silver is not None and spec.silver.history is not None
     history, keys = spec.silver.history, list(spec.silver.history_keys)
-    path = str(silver_table_path(settings, history.table, history.path))
+    path = _location(spec, settings, TableRole.HISTORY)
     table = spark.read.format("delta").load(path)
     counts = table.groupBy(*keys).count().orderBy(F.desc("count"), *keys).first()
     print(
@@ -142,7 +145,7 @@ def main() -> int:
     settings = load_settings()
     spark = get_spark_session("conflux-show-tables", settings, ui=False)
     for spec in load_specs(settings.flows_dir):
-        path = str(FlowLocations.of(spec, settings).table)
+        path = str(FlowState.of(spec, settings).table)
         if not DeltaTable.isDeltaTable(spark, path):
             print(f"\n== {spec.target.table}: not written yet ({spec.trigger.mode} flow)")
             continue

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
@@ -62,7 +62,7 @@ def test_terminate_from_the_ui_commits_the_batch_in_flight_and_queues_a_second_r
     produce(bootstrap, name, records)  # a backlog: each micro-batch takes 2 x BATCH of it
     spec_file = write_continuous_flow(ui_flows, name, name, max_offsets_per_trigger=BATCH)
     ui.reload()
-    locations = FlowLocations.of(load_spec(spec_file), spark_settings)
+    locations = FlowState.of(load_spec(spec_file), spark_settings)
     checkpoint, lease_dir, table = locations.checkpoint, locations.lease_dir, locations.table
 
     first = ui.submit(f"run_{name}", RUN_CONFIG)

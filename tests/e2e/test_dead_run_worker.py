@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
@@ -43,7 +43,7 @@ def test_sigkilled_run_worker_fails_the_run_and_its_orphan_stops_by_itself(
     produce(bootstrap, name, records)
     spec_file = write_continuous_flow(ui_flows, name, name, max_offsets_per_trigger=100)
     ui.reload()
-    locations = FlowLocations.of(load_spec(spec_file), spark_settings)
+    locations = FlowState.of(load_spec(spec_file), spark_settings)
     checkpoint, lease_dir, table = locations.checkpoint, locations.lease_dir, locations.table
 
     first = ui.submit(f"run_{name}", RUN_CONFIG)

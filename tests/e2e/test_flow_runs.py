@@ -16,7 +16,7 @@ from dagster import (
 )
 
 from assets.definitions import build_definitions
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
 from pipelines.settings import load_settings
 from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_version, read_bronze
@@ -52,7 +52,7 @@ def test_available_now_materialization_matches_the_delta_table(
     create_topic(kafka_broker.bootstrap_servers, "e2e_orders", partitions=2)
     produce(kafka_broker.bootstrap_servers, "e2e_orders", records)
     write_flow(conflux_env, "e2e_orders", "e2e_orders")
-    table = FlowLocations.of(load_spec(conflux_env / "e2e_orders.yaml"), load_settings()).table
+    table = FlowState.of(load_spec(conflux_env / "e2e_orders.yaml"), load_settings()).table
 
     with DagsterInstance.ephemeral() as instance:
         result = materialize_bronze("bronze_e2e_orders", instance)
@@ -119,7 +119,7 @@ def test_a_silver_flow_materializes_every_table_it_writes(
     checks (rows accounted, one per expectation) are evaluated per batch and once for the run."""
     from deltalake import DeltaTable
 
-    from pipelines.locations import table_paths
+    from pipelines.catalog.tables import declared_paths
     from tests.support.cdc import (
         ChangeEvent,
         bad_records,
@@ -173,7 +173,7 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         },
     }
     (conflux_env / "e2e_customers.yaml").write_text(yaml.safe_dump(spec))
-    paths = table_paths(load_spec(conflux_env / "e2e_customers.yaml"), load_settings())
+    paths = declared_paths(load_spec(conflux_env / "e2e_customers.yaml"), load_settings())
     keys = {
         "bronze": AssetKey(["bronze", "bronze_e2e_customers"]),
         "events": AssetKey(["silver", "silver_e2e_customers_events"]),

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterEventType, DagsterRunStatus, EventRecordsFilter
 
+from pipelines.catalog.state import FlowState
 from pipelines.health import flow_health
-from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
@@ -118,7 +118,7 @@ def test_idle_is_healthy_stalled_is_unhealthy_and_a_killed_application_restarts(
     live_spec = write_flow(ui_flows, LIVE, max_restarts=2)
     write_flow(ui_flows, STALLED, max_restarts=0, bootstrap_servers=f"127.0.0.1:{free_port()}")
     ui.reload()
-    live = FlowLocations.of(load_spec(live_spec), spark_settings)
+    live = FlowState.of(load_spec(live_spec), spark_settings)
 
     started = time.monotonic()
     live_run = ui.submit(f"run_{LIVE}")

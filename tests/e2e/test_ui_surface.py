@@ -26,7 +26,7 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterRunStatus, RunsFilter
 
-from pipelines.locations import table_paths
+from pipelines.catalog.tables import declared_paths
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
 from tests.support.browser import browser
@@ -90,7 +90,7 @@ class SalesFlow:
     def __init__(self, ui_flows: Path, settings: Settings) -> None:
         spec_file = ui_flows / f"{FLOW}.yaml"
         spec_file.write_text(yaml.safe_dump(spec(), sort_keys=False))
-        self.paths = table_paths(load_spec(spec_file), settings)
+        self.paths = declared_paths(load_spec(spec_file), settings)
         self.on_time = [event(i * 4 + d, day, 5 + 50 * i) for d, day in enumerate(DATES)
                         for i in range(12)]  # fmt: skip
         closer = event(900, TODAY - timedelta(days=1), 12 * 60)

@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from pipelines.catalog.state import FlowState
 from pipelines.gold.backfill import BackfillRefusedError, backfill, unreconciled
-from pipelines.locations import FlowLocations, gold_table_path, silver_table_path
+from pipelines.messages import GoldQuality
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec
@@ -52,6 +53,7 @@ from tests.support.delta_read import read_rows
 from tests.support.gold import expected_gold, project, read_gold
 from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
+from tests.support.tables import gold_path, silver_path
 
 BASE = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 TEN, FIVE = timedelta(minutes=10), timedelta(minutes=5)
@@ -119,7 +121,7 @@ def gold_spec(tmp_path: Path, topic: str) -> FlowSpec:
 
 def late_keys(settings: Settings, table: str) -> list[tuple[int, int]]:
     """(partition, offset) of the late table's rows, sorted."""
-    rows = read_rows(gold_table_path(settings, table), ["_source_partition", "_source_offset"])
+    rows = read_rows(gold_path(settings, table), ["_source_partition", "_source_offset"])
     return sorted((r["_source_partition"], r["_source_offset"]) for r in rows)
 
 
@@ -173,7 +175,7 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
     # partition 0: offsets 0..5 (run 1), 6..9 (run 2), 10..11 (run 3); partition 1: 0..1, 2..3, 4
     assert late_keys(spark_settings, "revenue_late") == [(0, 6), (0, 10), (0, 11)]
     assert late_keys(spark_settings, "orders_5m_late") == [(0, 6), (0, 7), (0, 8), (0, 10), (0, 11)]
-    quarantine = read_rows(silver_table_path(spark_settings, "silver_shop_quarantine"))
+    quarantine = read_rows(silver_path(spark_settings, "silver_shop_quarantine"))
     reasons = sorted((r["offset"], r["reasons"][0]) for r in quarantine)
     assert reasons == [
         (4, "gold orders_5m: event time ts is null"),
@@ -193,11 +195,10 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
         splits = [b for b in reporter.batches if b.stage.endswith(".split")]
         assert len(splits) == 2, [b.stage for b in reporter.batches]
         for batch in splits:
-            quality = batch.quality or {}
-            assert batch.input_rows == quality["rows_in"] > 0
-            assert (
-                quality["rows_in"] == quality["on_time"] + quality["late"] + quality["quarantined"]
-            )
+            quality = batch.quality
+            assert isinstance(quality, GoldQuality)
+            assert batch.input_rows == quality.rows_in > 0
+            assert quality.rows_in == quality.on_time + quality.late + quality.quarantined
         stateful = [b for b in reporter.batches if b.stage in ("gold.revenue", "gold.orders_5m")]
         assert stateful and all(b.state is not None for b in stateful)
         assert sum(b.state["rows_dropped_by_watermark"] for b in stateful if b.state) == 0
@@ -207,8 +208,8 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
     ]
     late_revenue = set(late_keys(spark_settings, "revenue_late"))
     late_dedup = set(late_keys(spark_settings, "orders_5m_late"))
-    revenue_path = gold_table_path(spark_settings, "revenue")
-    dedup_path = gold_table_path(spark_settings, "orders_5m")
+    revenue_path = gold_path(spark_settings, "revenue")
+    dedup_path = gold_path(spark_settings, "orders_5m")
     on_time = [o for p, off, o in valid if (p, off) not in late_revenue]
     assert read_gold(revenue_path, ["product"]) == expected_gold(on_time, TEN, None, ["product"])
     first_of_each: dict[int, dict[str, Any]] = {}
@@ -303,9 +304,9 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
     settings = replace(
         spark_settings, spark_conf={"spark.ui.enabled": "false", **spark_settings.spark_conf}
     )
-    gold_path = gold_table_path(settings, "chaos_revenue")
+    chaos_path = gold_path(settings, "chaos_revenue")
     state = FlowFiles(
-        gold_path, FlowLocations.of(spec, settings).stage_checkpoint("gold.chaos_revenue")
+        chaos_path, FlowState.of(spec, settings).stage_checkpoint("gold.chaos_revenue")
     )
     launches = Launches(spec, settings, tmp_path)
     per_chunk = CHAOS_RECORDS // CHAOS_CHUNKS
@@ -364,8 +365,8 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
 
     # every event once: in the input the stateful query read, or in the late table
     coordinates = ["_source_partition", "_source_offset"]
-    input_rows = read_rows(f"{gold_path}__input", coordinates)
-    late_rows = read_rows(gold_table_path(settings, "chaos_revenue_late"), coordinates)
+    input_rows = read_rows(f"{chaos_path}__input", coordinates)
+    late_rows = read_rows(gold_path(settings, "chaos_revenue_late"), coordinates)
     landed = sorted(
         (r["_source_partition"], r["_source_offset"]) for r in (*input_rows, *late_rows)
     )
@@ -373,7 +374,7 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
     late = {(r["_source_partition"], r["_source_offset"]) for r in late_rows}
     assert late, "the orders sent 30 minutes behind were never late"
     on_time = [o for key, o in sent.items() if key not in late]
-    assert read_gold(gold_path, ["product"]) == expected_gold(on_time, TEN, None, ["product"])
+    assert read_gold(chaos_path, ["product"]) == expected_gold(on_time, TEN, None, ["product"])
 
     # a backfill of the closed day puts the late rows in
     first_day = date(2026, 11, 20)
@@ -381,4 +382,4 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
     assert result.late_rows_covered == len(late)
     day = [o for o in sent.values() if o["ts"].date() == first_day]
     where = "_event_date = '2026-11-20'"
-    assert read_gold(gold_path, ["product"], where) == expected_gold(day, TEN, None, ["product"])
+    assert read_gold(chaos_path, ["product"], where) == expected_gold(day, TEN, None, ["product"])

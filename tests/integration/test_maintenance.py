@@ -37,18 +37,20 @@ from deltalake import DeltaTable, QueryBuilder
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from pipelines.locations import table_paths
+from pipelines.catalog.tables import declared_paths
 from pipelines.maintenance import (
     TableReport,
-    flow_tables,
-    latest_version,
     maintain_flow,
     maintain_table,
-    stream_readers,
-    stream_start_version,
     vacuum_session,
 )
 from pipelines.reporting import Reporter
+from pipelines.retention import (
+    flow_tables,
+    latest_version,
+    stream_readers,
+    stream_start_version,
+)
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec
@@ -176,7 +178,7 @@ def test_maintenance_beside_a_running_flow(
     create_topic(bootstrap, TOPIC, partitions=1)
     produce(bootstrap, TOPIC, records(0, FIRST) + BAD)
     spec = load_spec(write_spec(tmp_path / "flows", flow()))
-    paths = table_paths(spec, spark_settings)
+    paths = declared_paths(spec, spark_settings)
     bronze, events, current = paths["bronze"], paths["events"], paths["current"]
 
     # 1. OPTIMIZE (and VACUUM) while the continuous flow keeps committing.

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
+from pipelines.catalog.state import FlowState
 from pipelines.lease import FileLeaseStore
-from pipelines.locations import FlowLocations
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
 from tests.support.kafka import create_topic, order_payloads, produce
@@ -102,7 +102,7 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     flow: tuple, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     topic, spec_file, env = flow
-    locations = FlowLocations.of(load_spec(spec_file), spark_settings)
+    locations = FlowState.of(load_spec(spec_file), spark_settings)
     records = order_payloads(RECORDS)
     produce(kafka_broker.bootstrap_servers, topic, records[: RECORDS // 2])
 

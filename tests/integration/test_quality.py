@@ -28,8 +28,9 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from pipelines.catalog.tables import declared_paths
 from pipelines.errors import ConfigError
-from pipelines.locations import table_paths
+from pipelines.messages import BatchQuality, StopReason
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec
@@ -136,13 +137,13 @@ def test_bad_input_corpus_through_a_running_continuous_flow(
     spec = load_spec(
         write_spec(tmp_path / "flows", quality_flow("quality", topic, EXPECTATIONS, "continuous"))
     )
-    paths = table_paths(spec, spark_settings)
+    paths = declared_paths(spec, spark_settings)
     later = good(41, 10)
     total = len(values) + len(later)
 
     def silver_rows_in() -> int:
         return sum(
-            int(b.quality["rows_in"]) for b in flow.reporter.batches if b.quality is not None
+            b.quality.rows_in for b in flow.reporter.batches if isinstance(b.quality, BatchQuality)
         )
 
     with background_flow(spec, spark_settings, spark, tmp_path) as flow:
@@ -159,10 +160,10 @@ def test_bad_input_corpus_through_a_running_continuous_flow(
         assert flow.thread.is_alive(), "the stream stopped on bad input"
         assert flow.finish() == EXIT_OK
 
-    reports = [b.quality for b in flow.reporter.batches if b.quality is not None]
+    reports = [b.quality for b in flow.reporter.batches if isinstance(b.quality, BatchQuality)]
     for report in reports:  # every batch adds up
-        assert report["rows_in"] == report["events"] + report["quarantined"] + report["ignored"]
-        assert report["events"] == report["passed"] + report["warned"]
+        assert report.rows_in == report.events + report.quarantined + report.ignored
+        assert report.events == report.passed + report.warned
     assert silver_rows_in() == total
 
     quarantined = {
@@ -184,16 +185,16 @@ def test_bad_input_corpus_through_a_running_continuous_flow(
     )  # the duplicate compacted to one row
     totals = Counter[str]()
     for report in reports:
-        for outcome in report["expectations"]:
-            totals[outcome["name"]] += outcome["failed"]
+        for outcome in report.expectations:
+            totals[outcome.name] += outcome.failed
     # The other domain, and the row without an email (null fails a condition): that row was
     # dropped by email_present, so only the first is a warned event.
     assert totals["example_domain"] == 2
-    assert sum(r["warned"] for r in reports) == 1
+    assert sum(r.warned for r in reports) == 1
     dropped = [c for c, _, _, reason in CORPUS if reason.startswith("expectation")]
-    assert sum(r["dropped"] for r in reports) == len(dropped)
+    assert sum(r.dropped for r in reports) == len(dropped)
     # the wrong type is the one non-additive schema change: it warns the schema_changes check
-    assert sum(r["schema_mismatches"] for r in reports) == 1
+    assert sum(r.schema_mismatches for r in reports) == 1
 
 
 def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
@@ -204,7 +205,7 @@ def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
     expectation = {"name": "positive_amount", "expr": "amount > 0", "action": "fail"}
     flow = quality_flow("quality_fail", topic, [expectation], "available_now")
     spec = load_spec(write_spec(tmp_path / "flows", flow))
-    paths = {role: str(p) for role, p in table_paths(spec, spark_settings).items()}
+    paths = {role: str(p) for role, p in declared_paths(spec, spark_settings).items()}
 
     def run() -> tuple[int, RecordingReporter]:
         reporter = RecordingReporter()
@@ -229,6 +230,9 @@ def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
     error = " ".join(reporter.errors)
     assert "expectation positive_amount (amount > 0) failed on 1 row(s)" in error, error
     assert '"amount":-1.0' in error and '"id":4' in error, error  # the failing row is shown
+    [stopped] = reporter.stops  # why, typed where the stage raised it
+    assert stopped.reason is StopReason.EXPECTATION_FAILED, stopped
+    assert stopped.expectations == ("positive_amount",) and stopped.message == error
     after = versions()
     silver = {role: v for role, v in after.items() if role != "bronze"}
     assert silver == {role: v for role, v in before.items() if role != "bronze"}
@@ -301,7 +305,7 @@ def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
     )
     flow["silver"]["history"] = {"table": "quality_schema_history"}  # tracks every column
     spec = load_spec(write_spec(tmp_path / "flows", flow))
-    paths = table_paths(spec, spark_settings)
+    paths = declared_paths(spec, spark_settings)
     renamed = order(15)
     renamed["mail"] = renamed.pop("email")
     changes = [
@@ -314,7 +318,9 @@ def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
     ]
 
     def silver_rows_in() -> int:
-        return sum(int(b.quality["rows_in"]) for b in bg.reporter.batches if b.quality)
+        return sum(
+            b.quality.rows_in for b in bg.reporter.batches if isinstance(b.quality, BatchQuality)
+        )
 
     with background_flow(spec, spark_settings, spark, tmp_path) as bg:
         send = [(b"k", encoded(v)) for v in (order(i) for i in range(1, 11))]
@@ -326,12 +332,12 @@ def test_schema_changes_mid_stream_evolve_the_tables_and_quarantine_the_rest(
         assert bg.thread.is_alive(), "the stream stopped on a schema change"
         assert bg.finish() == EXIT_OK
 
-    silver_batches = [b for b in bg.reporter.batches if b.quality]
+    silver_batches = [b for b in bg.reporter.batches if isinstance(b.quality, BatchQuality)]
     for batch in silver_batches:  # against what Spark read and Delta committed, too
-        assert accounting_problems(batch.to_dict()) == [], batch
-    reports = [b.quality for b in silver_batches]
-    assert sum(r["schema_mismatches"] for r in reports) == 3
-    assert [c for r in reports for c in r["columns_added"]] == ["coupon STRING", "points BIGINT"]
+        assert accounting_problems(batch.to_json()) == [], batch
+    reports = [b.quality for b in silver_batches if isinstance(b.quality, BatchQuality)]
+    assert sum(r.schema_mismatches for r in reports) == 3
+    assert [c for r in reports for c in r.columns_added] == ["coupon STRING", "points BIGINT"]
 
     quarantined = {r["offset"]: r["reasons"] for r in read_rows(paths["quarantine"])}
     assert sorted(quarantined) == [12, 13, 14]
@@ -390,13 +396,13 @@ def test_rescue_quarantine_and_fail_policies(
     code, _ = run_once([rescue, strict], spark_settings, spark)
     assert code == EXIT_OK
 
-    rescue_paths = table_paths(rescue, spark_settings)
+    rescue_paths = declared_paths(rescue, spark_settings)
     events = {r["id"]: r["_rescued_data"] for r in read_rows(rescue_paths["events"])}
     assert events[1] is None and events[2] is None
     assert json.loads(events[3]) == {"extra": 1, "nested": {"a": [1, "x"]}}
     current = {r["id"]: r["_rescued_data"] for r in read_rows(rescue_paths["current"])}
     assert json.loads(current[3]) == {"extra": 1, "nested": {"a": [1, "x"]}}
-    strict_paths = {role: str(p) for role, p in table_paths(strict, spark_settings).items()}
+    strict_paths = {role: str(p) for role, p in declared_paths(strict, spark_settings).items()}
     quarantined = {r["offset"]: r["reasons"] for r in read_rows(strict_paths["quarantine"])}
     assert quarantined == {2: ["undeclared columns (schema_changes.new_columns): extra, nested"]}
 
@@ -415,6 +421,7 @@ def test_rescue_quarantine_and_fail_policies(
     error = " ".join(reporter.errors)
     assert "SchemaChangeError" in error and "type_changes: fail" in error, error
     assert '"_source_offset":4' in error and "amount (double)" in error, error
+    assert [s.reason for s in reporter.stops] == [StopReason.SCHEMA_CHANGE_REFUSED]
     after = versions()
     assert {r: v for r, v in after.items() if r != "bronze"} == {
         r: v for r, v in before.items() if r != "bronze"
@@ -444,7 +451,7 @@ def test_rescue_quarantine_and_fail_policies(
     assert code == EXIT_FAILED
     error = " ".join(reporter.errors)
     assert "max_new_columns (1)" in error and "(extra, nested)" in error, error
-    wide_events = table_paths(wide, spark_settings)["events"]
+    wide_events = declared_paths(wide, spark_settings)["events"]
     assert DeltaTable(str(wide_events)).version() == 0  # created at start, never written
 
     # Debezium: images carry every column, so a missing one was dropped upstream.
@@ -479,7 +486,7 @@ def test_rescue_quarantine_and_fail_policies(
     produce(kafka_broker.bootstrap_servers, cdc_topic, [(b"k", v) for v in records], partition=0)
     code, _ = run_once([cdc], spark_settings, spark)
     assert code == EXIT_OK
-    cdc_paths = table_paths(cdc, spark_settings)
+    cdc_paths = declared_paths(cdc, spark_settings)
     current = {r["id"]: r for r in read_rows(cdc_paths["current"])}
     assert sorted(current) == [1, 2] and current[2]["phone"] == "555"
     assert current[1]["phone"] is None

@@ -9,7 +9,8 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
+from pipelines.messages import FlowStopped, StopReason
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -26,10 +27,15 @@ class RecordingReporter(Reporter):
     def __init__(self) -> None:
         super().__init__()
         self.errors: list[str] = []
+        self.stops: list[FlowStopped] = []
 
     def error(self, message: str) -> None:
         super().error(message)
         self.errors.append(message)
+
+    def stopped(self, stopped: FlowStopped) -> None:
+        super().stopped(stopped)
+        self.stops.append(stopped)
 
 
 def kafka_spec(name: str, topic: str, **source: object) -> FlowSpec:
@@ -43,7 +49,7 @@ def kafka_spec(name: str, topic: str, **source: object) -> FlowSpec:
 
 
 def bronze_rows(spark: SparkSession, spec: FlowSpec, settings: Settings) -> list:
-    path = str(FlowLocations.of(spec, settings).table)
+    path = str(FlowState.of(spec, settings).table)
     return spark.read.format("delta").load(path).collect()
 
 
@@ -80,17 +86,20 @@ class TestGracefulStop:
             for line in output.splitlines()
             if line.startswith("conflux.progress ")
         ]
-        table = str(FlowLocations.of(load_spec(spec_file), spark_settings).table)
+        table = str(FlowState.of(load_spec(spec_file), spark_settings).table)
         history = DeltaTable.forPath(spark, table).history(1).collect()[0]
         assert history.version == progress[-1]["delta_version"]
         committed = spark.read.format("delta").load(table).count()
         assert committed == sum(p["rows_added"] for p in progress) < total
         assert not any(p["replayed"] for p in progress)
 
-        final = RunnerProcess(
-            [spec_file], env, tmp_path / "final.log", "--trigger", "available_now"
+        # The rest in one available_now run (in-process: the shared session, same checkpoint).
+        final = RecordingReporter()
+        spec = load_spec(spec_file)
+        code = run_flows(
+            [spec], spark_settings, final, StopRequest(None), "available_now", spark=spark
         )
-        assert final.wait(timeout=300) == 0, final.output()[-3000:]
+        assert code == EXIT_OK, final.errors
         bronze = spark.read.format("delta").load(table)
         assert bronze.count() == total
         assert bronze.select("partition", "offset").distinct().count() == total
@@ -169,10 +178,12 @@ class TestLostOffsets:
         if fail_on_data_loss:
             assert code == EXIT_FAILED
             assert reporter.errors and "data" in reporter.errors[0].lower()
+            assert [s.reason for s in reporter.stops] == [StopReason.SOURCE_ERROR]
             assert len(rows) == 500  # nothing was written by the failed run
         else:
             # Spark warns and keeps the checkpoint's position: the recreated topic's records below
             # it (offsets 0-19 < 500) are skipped, as documented in pipelines/sources/kafka.py.
             assert code == EXIT_OK
             assert reporter.errors == []
+            assert [s.reason for s in reporter.stops] == [StopReason.FINISHED]
             assert len(rows) == 500

@@ -41,7 +41,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipelines.locations import FlowLocations, silver_table_path
+from pipelines.catalog.state import FlowState
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -77,6 +77,7 @@ from tests.support.chaos import (
 )
 from tests.support.delta_read import read_rows
 from tests.support.runtime import KafkaBroker
+from tests.support.tables import silver_path
 
 CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "10000"))
 KILL_KEYS = int(os.environ.get("SILVER_KILL_KEYS", "2000"))
@@ -155,11 +156,11 @@ class SilverPaths:
         silver = spec.silver
         assert silver is not None and silver.current is not None and silver.history is not None
         return cls(
-            events=silver_table_path(settings, silver.events.table, silver.events.path),
-            quarantine=silver_table_path(settings, silver.quarantine.table, silver.quarantine.path),
-            current=silver_table_path(settings, silver.current.table, silver.current.path),
-            history=silver_table_path(settings, silver.history.table, silver.history.path),
-            checkpoint=FlowLocations.of(spec, settings).stage_checkpoint(STAGE),
+            events=silver_path(settings, silver.events.table),
+            quarantine=silver_path(settings, silver.quarantine.table),
+            current=silver_path(settings, silver.current.table),
+            history=silver_path(settings, silver.history.table),
+            checkpoint=FlowState.of(spec, settings).stage_checkpoint(STAGE),
             current_table=silver.current.table,
             history_table=silver.history.table,
         )
@@ -426,7 +427,7 @@ class TestSilverCurrentState:
         )
         assert code == EXIT_OK
 
-        bronze = DeltaTable(str(FlowLocations.of(spec, spark_settings).table))
+        bronze = DeltaTable(str(FlowState.of(spec, spark_settings).table))
         assert bronze.to_pyarrow_table(columns=["offset"]).num_rows == len(sent)
         paths = SilverPaths.of(spec, spark_settings)
         # One available_now run carries silver to the end of what bronze ingested in that run.

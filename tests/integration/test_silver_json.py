@@ -23,20 +23,20 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from pipelines.catalog.lifecycle import reset_stage
+from pipelines.catalog.state import FlowState
 from pipelines.errors import ConfigError
 from pipelines.identity import read_identity
 from pipelines.lease import FlowLease, LeaseHeldError
-from pipelines.locations import FlowLocations, silver_table_path
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
-from pipelines.silver.refresh import marker_file
-from pipelines.silver.tables import reset_silver
 from pipelines.spec import FlowSpec, load_spec
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.support.delta_read import read_rows
 from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
+from tests.support.tables import silver_path
 
 Record = tuple[bytes | None, bytes | None]
 
@@ -171,13 +171,13 @@ def sequenced_flow(topic: str, keys: list[str]) -> dict[str, Any]:
 
 def current_rows(spec: FlowSpec, settings: Settings) -> list[dict[str, Any]]:
     assert spec.silver is not None and spec.silver.current is not None
-    path = silver_table_path(settings, spec.silver.current.table)
+    path = silver_path(settings, spec.silver.current.table)
     return read_rows(path)
 
 
 def quarantine_rows(spec: FlowSpec, settings: Settings) -> list[dict[str, Any]]:
     assert spec.silver is not None
-    path = silver_table_path(settings, spec.silver.quarantine.table)
+    path = silver_path(settings, spec.silver.quarantine.table)
     return read_rows(path)
 
 
@@ -240,7 +240,7 @@ def test_table_features_from_the_spec(
         },
     }
     for table, expected in features.items():
-        path = str(silver_table_path(spark_settings, table))
+        path = str(silver_path(spark_settings, table))
         detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
         assert detail is not None
         assert expected.items() <= dict(detail["properties"]).items(), (table, detail)
@@ -294,7 +294,7 @@ def test_a_failing_transform_fails_the_flow_naming_function_flow_and_batch(
         and "ZeroDivisionError" in e
         for e in reporter.errors
     ), reporter.errors
-    assert not read_rows(silver_table_path(spark_settings, "boom_events"))  # nothing written
+    assert not read_rows(silver_path(spark_settings, "boom_events"))  # nothing written
 
 
 def test_bad_keyed_records_are_quarantined_with_their_reason(
@@ -324,11 +324,11 @@ def test_out_of_sequence_versions_never_win(
     }
     reasons = [r["reasons"] for r in quarantine_rows(sequenced, spark_settings)]
     assert reasons == [["sequence value is null (sequence_by: seq)"]]
-    events = DeltaTable(str(silver_table_path(spark_settings, "silver_sequenced_events")))
+    events = DeltaTable(str(silver_path(spark_settings, "silver_sequenced_events")))
     assert events.to_pyarrow_table(columns=["id"]).num_rows == len(SEQUENCED_ROWS) - 1
     assert events.metadata().partition_columns == ["_event_date"]
     # several silver batches, so versions met across batches, not only inside one
-    history = DeltaTable(str(silver_table_path(spark_settings, "sequenced_current"))).history()
+    history = DeltaTable(str(silver_path(spark_settings, "sequenced_current"))).history()
     assert sum(1 for h in history if h.get("operation") == "MERGE") >= 3
 
 
@@ -336,7 +336,7 @@ def test_history_places_late_versions_and_fixes_their_neighbours(
     flows: tuple[FlowSpec, FlowSpec, Path], spark_settings: Settings
 ) -> None:
     del flows
-    rows = read_rows(silver_table_path(spark_settings, "sequenced_history"))
+    rows = read_rows(silver_path(spark_settings, "sequenced_history"))
     got: dict[tuple[str, int], list[tuple[str, int, int | None]]] = {}
     for r in sorted(rows, key=lambda r: (r["region"], r["id"], r["_valid_from"])):
         got.setdefault((r["region"], r["id"]), []).append(
@@ -350,7 +350,7 @@ def test_current_tables_feed_changes_downstream(
     flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
 ) -> None:
     del flows  # the module fixture ran both flows
-    path = str(silver_table_path(spark_settings, "sequenced_current"))
+    path = str(silver_path(spark_settings, "sequenced_current"))
     changes = (
         spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
     ).load(path)
@@ -369,7 +369,7 @@ def test_changed_keys_are_refused_then_rebuilt_from_bronze(
     assert "silver.current" in message and "keys changed from 'region,id' to 'id'" in message
     assert "conflux reset sequenced --stage silver" in message
 
-    moved = reset_silver(changed, spark_settings)
+    moved = reset_stage(changed, spark_settings)
     assert any("sequenced_current" in what for what, _ in moved)
     code = run_flows([changed], spark_settings, Reporter(), StopRequest(None), spark=spark)
     assert code == EXIT_OK
@@ -401,7 +401,7 @@ def refreshed_flow(topic: str, tracked: list[str]) -> dict[str, Any]:
 
 
 def _history(settings: Settings) -> dict[int, list[tuple[str, str, int, int | None]]]:
-    rows = read_rows(silver_table_path(settings, "refreshed_history"))
+    rows = read_rows(silver_path(settings, "refreshed_history"))
     got: dict[int, list[tuple[str, str, int, int | None]]] = {}
     for r in sorted(rows, key=lambda r: (r["id"], r["_valid_from"])):
         got.setdefault(r["id"], []).append((r["name"], r["tier"], r["_valid_from"], r["_valid_to"]))
@@ -434,7 +434,7 @@ def test_full_refresh_rebuilds_silver_under_a_changed_spec_while_bronze_ingests(
     with pytest.raises(ConfigError, match="trackHistory changed from 'tier' to 'name'"):
         run_flows([by_name], spark_settings, Reporter(), StopRequest(None), spark=spark)
     holder = FlowLease(
-        "refreshed", FlowLocations.of(by_name, spark_settings).lease_store(), "someone-else", {}
+        "refreshed", FlowState.of(by_name, spark_settings).lease_store(), "someone-else", {}
     )
     holder.acquire()
     try:
@@ -455,20 +455,20 @@ def test_full_refresh_rebuilds_silver_under_a_changed_spec_while_bronze_ingests(
         3: [("cy", "free", 6, None)],
     }
     current = {r["id"]: (r["name"], r["tier"]) for r in read_rows(
-        silver_table_path(spark_settings, "refreshed_current"))}  # fmt: skip
+        silver_path(spark_settings, "refreshed_current"))}  # fmt: skip
     assert current == {1: ("anna", "gold"), 2: ("bob", "gold"), 3: ("cy", "free")}
-    events = read_rows(silver_table_path(spark_settings, "silver_refreshed_events"), ["seq"])
+    events = read_rows(silver_path(spark_settings, "silver_refreshed_events"), ["seq"])
     assert sorted(r["seq"] for r in events) == [1, 2, 3, 4, 5, 6]  # rebuilt, not appended twice
-    locations = FlowLocations.of(by_name, spark_settings)
+    locations = FlowState.of(by_name, spark_settings)
     identity = read_identity(locations)
     assert identity is not None and identity.silver_generation == 1
-    assert not marker_file(locations).exists()
+    assert not locations.refresh_marker.exists()
     assert any(p.name.startswith("silver-") for p in locations.archive_dir.iterdir())
     # the next plain run continues the rebuilt tables under the new app id
     send([(3, 7, "cyd", "free")])
     assert run_flows([by_name], spark_settings, Reporter(), StopRequest(None), spark=spark) == 0
     assert _history(spark_settings)[3] == [("cy", "free", 6, 7), ("cyd", "free", 7, None)]
-    log = silver_table_path(spark_settings, "refreshed_history") / "_delta_log"
+    log = silver_path(spark_settings, "refreshed_history") / "_delta_log"
     txns = [
         json.loads(line)["txn"]
         for f in sorted(log.glob("*.json"))

@@ -2,7 +2,8 @@
 
 * a record of 5 MB (the broker accepts up to 8 MB, see ``platform/kafka/broker.py``) lands byte for
   byte, as read by Spark and, independently, by delta-rs (the ``deltalake`` package);
-* partitions added to a topic while a continuous flow runs are read from their first offset;
+* partitions added to a topic while a continuous flow runs are read from their first offset (the
+  flow's first batch is held while they are added and filled, so Spark finds records waiting);
 * a deleted topic fails the run, whether it was deleted between runs or during one, and nothing that
   was already committed is duplicated;
 * a broker restart in the middle of a continuous run: the stream recovers by itself, and every record
@@ -18,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ from deltalake import DeltaTable as DeltaRsTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.locations import FlowLocations
-from pipelines.progress import BatchProgress
+from pipelines.catalog.state import FlowState
+from pipelines.messages import FlowStopped, StopReason
+from pipelines.progress import BatchCommit, BatchProgress, ProgressTracker
 from pipelines.reporting import PROGRESS_PREFIX, Reporter
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -67,10 +69,15 @@ class RecordingReporter(Reporter):
         super().__init__()
         self.errors: list[str] = []
         self.batches: list[BatchProgress] = []
+        self.stops: list[FlowStopped] = []
 
     def error(self, message: str) -> None:
         super().error(message)
         self.errors.append(message)
+
+    def stopped(self, stopped: FlowStopped) -> None:
+        super().stopped(stopped)
+        self.stops.append(stopped)
 
     def batch(self, progress: BatchProgress) -> None:
         super().batch(progress)
@@ -146,7 +153,7 @@ def kafka_spec(name: str, topic: str, trigger: dict[str, str] | None = None, **s
 
 
 def table_of(spec: FlowSpec, settings: Settings) -> str:
-    return str(FlowLocations.of(spec, settings).table)
+    return str(FlowState.of(spec, settings).table)
 
 
 def assert_every_record_once(spark: SparkSession, table: str, expected: dict[int, int]) -> None:
@@ -210,31 +217,70 @@ class TestPartitionsAdded:
         spark_settings: Settings,
         kafka_broker: KafkaBroker,
         tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         bootstrap, topic = kafka_broker.bootstrap_servers, "grown_topic"
         create_topic(bootstrap, topic, partitions=2)
         produce(bootstrap, topic, order_payloads(400))
-        # A few seconds between triggers: the new partitions and their records exist before the
-        # next micro-batch is planned, which is when Spark discovers partitions. Had Spark started
-        # new partitions at their latest offset, those records would be skipped.
-        spec = kafka_spec(topic, topic, trigger={"mode": "continuous", "interval": "3 seconds"})
+        spec = kafka_spec(topic, topic, trigger={"mode": "continuous", "interval": "1 second"})
+        # Spark discovers partitions when it plans a micro-batch. Records must already wait in
+        # the new partitions then, or "read from offset 0" and "read from the latest offset"
+        # look the same: the first batch is held (see hold_first_batch) while the partitions are
+        # added and filled, so the next plan, whenever it comes, finds them non-empty.
+        gate = hold_first_batch(monkeypatch, spec.name)
 
         with background_flow(spec, spark_settings, spark, tmp_path) as flow:
-            flow.wait_until(lambda: flow.reporter.rows >= 400, 120, "first batch")
-            add_partitions(bootstrap, topic, 4)
-            for partition in (2, 3):
-                produce(bootstrap, topic, order_payloads(150, start=1000 * partition), partition)
-            produce(bootstrap, topic, order_payloads(200, start=10_000))  # all four partitions
+            try:
+                flow.wait_until(gate.held.is_set, 300, "first batch")
+                add_partitions(bootstrap, topic, 4)
+                for partition in (2, 3):
+                    produce(
+                        bootstrap, topic, order_payloads(150, start=1000 * partition), partition
+                    )
+                produce(bootstrap, topic, order_payloads(200, start=10_000))  # all four partitions
+            finally:  # whatever failed above, the flow goes on (and can stop)
+                gate.release.set()
             expected = end_offsets(bootstrap, topic)
             total = sum(expected.values())
-            flow.wait_until(lambda: flow.reporter.rows >= total, 120, f"{total} rows")
+            flow.wait_until(lambda: flow.reporter.rows >= total, 300, f"{total} rows")
             assert flow.finish() == EXIT_OK
 
         assert total == 400 + 300 + 200 and expected[2] >= 150 and expected[3] >= 150
         assert flow.reporter.rows == total
+        assert "2" not in flow.reporter.batches[0].end_offsets[topic]  # planned before they existed
         discovered = next(b for b in flow.reporter.batches if "2" in b.end_offsets[topic])
         assert discovered.end_offsets[topic]["2"] > 0  # records were waiting when it was found
         assert_every_record_once(spark, table_of(spec, spark_settings), expected)
+
+
+@dataclass
+class BatchGate:
+    """``held`` is set once the flow's first batch waits in its ``foreachBatch``, which goes on
+    when ``release`` is set."""
+
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+def hold_first_batch(monkeypatch: pytest.MonkeyPatch, flow: str) -> BatchGate:
+    """Hold ``flow``'s first micro-batch after its Delta write, inside ``foreachBatch``: Spark
+    plans the next batch only after this one commits, so whatever the test does until it sets
+    ``release`` is seen whole by the next plan, whatever the trigger interval and the machine's
+    pace. The hook is :meth:`ProgressTracker.record_commit`, which every stage calls from its
+    ``foreachBatch`` before Spark writes the batch's commit-log entry."""
+    gate = BatchGate()
+    record_commit = ProgressTracker.record_commit
+
+    def record_and_hold(
+        tracker: ProgressTracker, commit: BatchCommit, query: str | None = None
+    ) -> None:
+        record_commit(tracker, commit, query)
+        if commit.flow == flow and not gate.release.is_set():
+            gate.held.set()
+            assert gate.release.wait(300), f"the first batch of {flow} was held for 5 minutes"
+
+    monkeypatch.setattr(ProgressTracker, "record_commit", record_and_hold)
+    return gate
 
 
 class TestDeletedTopic:
@@ -277,6 +323,7 @@ class TestDeletedTopic:
         assert code == EXIT_FAILED
         assert len(reporter.errors) == 1
         assert reporter.errors[0].startswith(f"flow {topic} failed: {DELETED_TOPIC_ERROR}")
+        assert [(s.flow, s.reason) for s in reporter.stops] == [(topic, StopReason.SOURCE_ERROR)]
         assert_every_record_once(spark, table_of(spec, spark_settings), expected)
 
 

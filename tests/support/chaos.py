@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.locations import FlowLocations
+from pipelines.catalog.state import FlowState
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
@@ -91,7 +91,7 @@ class FlowFiles:
 
     @classmethod
     def of(cls, spec: FlowSpec, settings: Settings) -> FlowFiles:
-        locations = FlowLocations.of(spec, settings)
+        locations = FlowState.of(spec, settings)
         return cls(locations.table, locations.checkpoint)
 
     @property

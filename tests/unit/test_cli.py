@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.catalog.state import FlowState
 from pipelines.cli import main
 from pipelines.lease import FileLeaseStore, FlowLease
-from pipelines.locations import FlowLocations
 from pipelines.settings import load_settings
 from pipelines.spec import load_spec
 
@@ -55,7 +55,7 @@ def test_flows_status_and_stop_follow_the_lease(
     spec = load_spec(write(flows, "a"))
     assert main(["flows"]) == 0
     assert "never run" in capsys.readouterr().out
-    locations = FlowLocations.of(spec, load_settings())
+    locations = FlowState.of(spec, load_settings())
     FlowLease("a", FileLeaseStore(locations.lease_dir), "cli-123", {"pid": "1"}).acquire()
     assert main(["flows"]) == 0
     assert "running (cli-123)" in capsys.readouterr().out
@@ -65,3 +65,72 @@ def test_flows_status_and_stop_follow_the_lease(
     assert locations.stop_file("cli-123").exists()
     assert main(["status", "nope"]) == 2
     assert "no flow named 'nope'" in capsys.readouterr().err
+
+
+def test_status_reads_a_status_file_written_by_the_previous_version(
+    flows: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from tests.unit.test_messages import BRONZE_STATUS, PRE_SILVER_STATUS
+
+    spec = load_spec(write(flows, "orders"))
+    status_file = FlowState.of(spec, load_settings()).status_file
+    status_file.parent.mkdir(parents=True, exist_ok=True)
+    status_file.write_text(json.dumps(PRE_SILVER_STATUS))
+    assert main(["status", "orders"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "last batch  2 at 2024-11-20T17:02:44.001Z: 0 rows added, 12.5 rows/s, Delta version 3 "
+        "(replay skipped)"
+    ) in out
+    assert "lag orders-0" in out
+    status_file.write_text(json.dumps(BRONZE_STATUS))
+    assert main(["status", "orders", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_batch"] == BRONZE_STATUS["last_batch"]
+    assert main(["flows"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("orders"))
+    assert row.split()[-2:] == ["4", "10"]  # last batch, lag
+    status_file.write_text('{"last_batch": {"flow": "orders"}}')
+    assert main(["status", "orders"]) == 2
+    error = capsys.readouterr().err
+    assert str(status_file) in error and "'batch_id' is missing" in error and "delete it" in error
+
+
+def test_catalog_lists_every_table_and_the_flows_state(
+    flows: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`conflux catalog` prints what the catalog derives: the tables (side tables included, with
+    no asset), the checkpoints of the queries, the state files; ``--json`` the same as data."""
+    import json
+
+    spec_file = flows / "shop.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "shop",
+                "source": {"kind": "kafka", "topics": ["orders"]},
+                "target": {"table": "bronze_shop"},
+                "silver": {
+                    "format": "json",
+                    "schema": "id BIGINT, amount DOUBLE",
+                    "current": {"table": "shop_current", "keys": ["id"]},
+                    "chaining": "bronze_batch",
+                },
+            }
+        )
+    )
+    assert main(["catalog", "shop"]) == 0
+    out = capsys.readouterr().out
+    assert "shop_current__deleted_keys" in out and "(side table)" in out
+    assert "silver/shop_current" in out
+    assert main(["catalog", "shop", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ids = [t["id"] for t in report["tables"]]
+    assert ids == ["bronze", "events", "quarantine", "current", "deleted_keys"]
+    assert not any(t["exists"] for t in report["tables"])
+    assert all(t["txn_app_id"] is None for t in report["tables"])  # no identity before a run
+    # silver runs inside bronze's batches: it has no checkpoint of its own
+    assert list(report["checkpoints"]) == ["bronze"]
+    state = FlowState.of(load_spec(spec_file), load_settings())
+    assert report["state"]["status"] == str(state.status_file)

@@ -13,9 +13,11 @@ from dagster.components.core.component_tree import ComponentTree
 from dagster.components.testing import create_defs_folder_sandbox
 
 from assets.component import ConfluxFlows
-from assets.launch import FlowTables, ProgressRelay, RunMonitor, batch_writes, pipes_asset_keys
+from assets.launch import FlowTables, ProgressRelay, RunMonitor, pipes_asset_keys
+from pipelines.messages import BatchCommitted, FlowStopped, StageStarted, StopReason, TableWrite
 from pipelines.settings import PROJECT_ROOT
 from pipelines.spec import SpecError, parse_spec
+from quality.checks import StreamChecks
 
 BRONZE = AssetKey(["bronze", "bronze_people"])
 EVENTS = AssetKey(["silver", "silver_people_events"])
@@ -139,6 +141,9 @@ class FakeLog:
     def info(self, message: str) -> None:
         self.lines.append(message)
 
+    def warning(self, message: str) -> None:
+        self.lines.append(f"WARNING {message}")
+
 
 class FakeContext:
     def __init__(self) -> None:
@@ -224,15 +229,16 @@ def test_progress_is_throttled_per_table() -> None:
 def test_a_bronze_batch_without_writes_is_the_bronze_table_s() -> None:
     """A runner from before silver reports ``delta_version`` / ``rows_added`` / ``replayed``."""
     legacy = batch("bronze", 3, None, delta_version=7, rows_added=4, replayed=True)
-    assert batch_writes(legacy) == [
-        {"table": None, "role": "bronze", "version": 7, "rows": 4, "skipped": True}
+    tables = FlowTables.of(parse_spec(PEOPLE))
+    assert tables.writes_of(BatchCommitted.parse(legacy)) == [
+        (BRONZE, TableWrite("bronze_people", "bronze", 7, 4, True))
     ]
     context, run = monitor(live=True)
     run.poll([legacy], final=True)
     [event] = context.events
     assert event.asset_key == BRONZE
     assert event.metadata["replayed"].value is True
-    assert batch_writes(batch("silver", 3, [])) == []
+    assert tables.writes_of(BatchCommitted.parse(batch("silver", 3, []))) == []
 
 
 def test_available_now_keeps_totals_for_the_end_without_live_events() -> None:
@@ -276,3 +282,50 @@ def test_the_child_is_told_each_table_s_asset_key() -> None:
         "orders": "bronze/bronze_orders",
         "orders/bronze": "bronze/bronze_orders",
     }
+
+
+def test_a_policy_stop_fails_its_check_from_the_typed_stop_message() -> None:
+    """Which expectation stopped the flow comes with the child's stop message, not from the
+    error's text; a flow stopped because another failed fails no check of its own."""
+    people = parse_spec(
+        {
+            **PEOPLE,
+            "silver": {
+                **PEOPLE["silver"],
+                "expectations": [{"name": "named", "expr": "name <> ''", "action": "fail"}],
+            },
+        }
+    )
+    context, run = monitor(live=False)
+    run.checks["people"] = StreamChecks(people, EVENTS)
+    message = "flow people.silver failed: ExpectationFailedError: flow people: silver batch 3: ..."
+    run.poll(
+        [
+            {"type": "error", "message": message},
+            StageStarted("people", "silver", "people.silver").to_json(),
+            FlowStopped(
+                "people", StopReason.EXPECTATION_FAILED, message, "people.silver", ("named",)
+            ).to_json(),
+            FlowStopped("orders", StopReason.OTHER_FLOW_FAILED, message, "people.silver").to_json(),
+            {"type": "something new"},
+        ],
+        final=True,
+    )
+    assert run.errors == [message]
+    assert [s.reason for s in run.stops] == [
+        StopReason.EXPECTATION_FAILED,
+        StopReason.OTHER_FLOW_FAILED,
+    ]
+    assert run.started == [StageStarted("people", "silver", "people.silver")]
+    assert any("unknown type 'something new'" in line for line in context.log.lines)
+    assert run.report_stops() is True
+    named = next(e for e in context.events if e.check_name == "expectation_named")
+    assert not named.passed and named.metadata["last_batch"].value == {"error": message}
+
+
+def test_a_crash_is_not_a_policy_stop() -> None:
+    context, run = monitor(live=False)
+    run.checks["people"] = StreamChecks(parse_spec(PEOPLE), EVENTS)
+    run.poll([FlowStopped("people", StopReason.CRASH, "flow people failed: boom").to_json()])
+    assert run.report_stops() is False
+    assert context.events == []

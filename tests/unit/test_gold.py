@@ -184,3 +184,21 @@ def test_gold_checks_follow_the_split_and_the_stateful_batches() -> None:
     results = {r.check_name: r for r in checks.results()}
     assert results[LATE_ROWS].severity.value == "WARN"
     assert results[WATERMARK_DROPS].severity.value == "ERROR"
+
+
+def test_a_split_batch_whose_writes_disagree_with_its_counts_is_named() -> None:
+    """The split's own commits must hold exactly its on-time and late rows; its appends to the
+    flow's quarantine are not judged against either."""
+    from quality.gold_checks import split_problems
+
+    quality = {"rows_in": 10, "on_time": 6, "late": 3, "quarantined": 1, "filtered": 0}
+    writes = [
+        {"role": "gold_input/revenue", "rows": 6, "skipped": False},
+        {"role": "late/revenue", "rows": 3, "skipped": False},
+        {"role": "gold_quarantine/revenue", "rows": 1, "skipped": False},
+    ]
+    assert split_problems({"quality": quality, "input_rows": 10, "writes": writes}) == []
+    writes[1] = {"role": "late/revenue", "rows": 2, "skipped": False}
+    assert split_problems({"quality": quality, "writes": writes}) == [
+        "the late commit added 2 rows, not 3"
+    ]

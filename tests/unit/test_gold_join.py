@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines.catalog.lifecycle import refuse_started_readers
+from pipelines.catalog.state import FlowState
 from pipelines.errors import ConfigError
 from pipelines.gold.backfill import BackfillRefusedError, check_closed, closing_time
 from pipelines.gold.joins import (
@@ -18,12 +20,10 @@ from pipelines.gold.joins import (
     RIGHT,
     common_watermarks,
     is_late,
-    refuse_started_readers,
     side_watermarks,
 )
 from pipelines.gold.watermark import WatermarkLog
 from pipelines.gold.windows import MICROS
-from pipelines.locations import FlowLocations
 from pipelines.settings import load_settings
 from pipelines.spec import GoldJoinSpec, SpecError, join_readers, load_specs, parse_spec
 from tests.unit.test_gold import micros
@@ -203,9 +203,7 @@ def test_a_reset_of_events_a_started_join_reads_is_refused(tmp_path: Path) -> No
         ("orders", "order_payments")
     ]
     refuse_started_readers(specs["payments"], settings, "reset")  # the join never ran: fine
-    split = FlowLocations.of(specs["orders"], settings).stage_checkpoint(
-        "gold.order_payments.split"
-    )
+    split = FlowState.of(specs["orders"], settings).stage_checkpoint("gold.order_payments.split")
     (split / "offsets").mkdir(parents=True)
     (split / "offsets" / "0").write_text("v1\n{}\n")
     with pytest.raises(ConfigError, match="conflux reset orders --stage gold"):

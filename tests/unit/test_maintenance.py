@@ -21,20 +21,22 @@ from assets.builder import build_definitions
 from assets.flows import flow_pool
 from assets.maintenance import maintenance_pool
 from pipelines import maintenance
+from pipelines.catalog.state import FlowState
 from pipelines.cli import main
-from pipelines.locations import FlowLocations
 from pipelines.maintenance import (
-    STREAM_MARGIN,
     MaintenanceCommandError,
-    StreamNeed,
     TableReport,
+    is_commit_conflict,
+    maintain_flow,
+    retrying,
+)
+from pipelines.retention import (
+    STREAM_MARGIN,
+    StreamNeed,
     UndatedVersionError,
     commit_time,
     flow_tables,
-    is_commit_conflict,
-    maintain_flow,
     parse_duration,
-    retrying,
     stream_needs,
     stream_readers,
     stream_start_version,
@@ -212,8 +214,8 @@ def test_a_stream_behind_raises_the_retention_to_its_oldest_version() -> None:
 def test_the_silver_stream_is_the_reader_of_bronze(tmp_path: Path, settings: Settings) -> None:
     spec = parse_spec(people())
     [reader] = stream_readers(spec, settings)
-    assert reader.role == "bronze" and reader.query == "people.silver"
-    assert reader.checkpoint == FlowLocations.of(spec, settings).stage_checkpoint("silver")
+    assert reader.reads == "bronze" and reader.query == "people.silver"
+    assert reader.checkpoint == FlowState.of(spec, settings).stage_checkpoint("silver")
     assert stream_readers(parse_spec(people(chaining="bronze_batch")), settings) == []
     bronze_only = people()
     del bronze_only["silver"]
@@ -230,7 +232,7 @@ def test_the_silver_stream_is_the_reader_of_bronze(tmp_path: Path, settings: Set
 def test_every_table_of_the_flow_with_its_z_order(settings: Settings) -> None:
     spec = parse_spec(people(events={"table": "people_events", "z_order_by": ["name"]}))
     tables = flow_tables(spec, settings)
-    assert [(t.role, t.table, t.z_order_by) for t in tables] == [
+    assert [(t.id, t.name, t.z_order_by) for t in tables] == [
         ("bronze", "bronze_people", ()),
         ("events", "people_events", ("name",)),
         ("quarantine", "silver_people_quarantine", ()),
@@ -362,7 +364,7 @@ class FakeSpark:
 
 def existing_tables(spec: FlowSpec, settings: Settings, *roles: str) -> None:
     for table in flow_tables(spec, settings):
-        if table.role in roles:
+        if table.id in roles:
             commit(table.path, 0, {"timestamp": millis(datetime.now(UTC))})
 
 

@@ -25,10 +25,10 @@ from assets.builder import build_definitions
 from assets.flows import restart_policy
 from assets.lineage import column_lineage
 from assets.table_facts import TableFacts
+from pipelines.catalog.state import FlowState
 from pipelines.gold.backfill import last_closed_dates
 from pipelines.health import DELTA_END_INDEX, HeartbeatWriter, assess, delta_lag, read_health
 from pipelines.job_progress import TaskCounts, task_counts
-from pipelines.locations import FlowLocations
 from pipelines.settings import PROJECT_ROOT, load_settings
 from pipelines.spec import SpecError, load_specs, parse_spec
 
@@ -152,7 +152,7 @@ def test_the_scheduled_backfill_asks_for_the_newest_closed_dates(
     assert isinstance(schedule.evaluate_tick(context).skip_message, str)  # never committed
 
     [spec] = load_specs(tmp_path / "flows")
-    checkpoint = FlowLocations.of(spec, load_settings()).stage_checkpoint("gold.sales_1h")
+    checkpoint = FlowState.of(spec, load_settings()).stage_checkpoint("gold.sales_1h")
     write_watermark(checkpoint, datetime(2026, 3, 9, 0, 50, tzinfo=UTC))  # 03-08 closes at 01:00
     [request] = schedule.evaluate_tick(context).run_requests or []
     assert request.tags["dagster/asset_partition_range_start"] == "2026-03-05"

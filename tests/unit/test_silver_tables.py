@@ -7,25 +7,26 @@ from pathlib import Path
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from pipelines.catalog.lifecycle import TableDesign, check_table, reset_stage, schema_changes
+from pipelines.catalog.roles import TableRole
+from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import CatalogTable, check_distinct_tables
 from pipelines.identity import FlowIdentity, IdentityError
 from pipelines.lease import FileLeaseStore, FlowLease, LeaseHeldError
-from pipelines.locations import FlowLocations, check_distinct_tables
 from pipelines.settings import Settings
-from pipelines.silver.tables import (
-    KEYS_PROPERTY,
-    SEQUENCE_PROPERTY,
-    TableDesign,
-    check_table,
-    reset_silver,
-    schema_changes,
-)
+from pipelines.silver.tables import KEYS_PROPERTY, SEQUENCE_PROPERTY
 from pipelines.spec import SpecError, parse_spec
 
 IDENTITY = FlowIdentity("customers", "f1", "bronze_customers", "/lake/b", 2, "2026-01-01")
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
 DESIGN = TableDesign(
-    role="current",
-    table="customers",
+    entry=CatalogTable(
+        TableRole.CURRENT,
+        "customers",
+        Path("/lake/silver/customers"),
+        "silver.current",
+        "silver",
+    ),
     path="/lake/silver/customers",
     schema=SCHEMA,
     spec_properties={KEYS_PROPERTY: "id", SEQUENCE_PROPERTY: "_source_lsn"},
@@ -145,7 +146,7 @@ def test_two_flows_on_one_silver_table_are_refused(tmp_path: Path) -> None:
 def test_reset_silver_moves_tables_and_checkpoint_aside(tmp_path: Path) -> None:
     settings = Settings(runtime_dir=tmp_path, jars_dir=tmp_path / "jars")
     spec = parse_spec(silver_spec(), where="flows/customers.yaml")
-    locations = FlowLocations.of(spec, settings)
+    locations = FlowState.of(spec, settings)
     silver_dir = settings.lake_dir / "silver"
     for folder in ("customers", "customers__deleted_keys", "silver_customers_events"):
         (silver_dir / folder / "_delta_log").mkdir(parents=True)
@@ -153,7 +154,7 @@ def test_reset_silver_moves_tables_and_checkpoint_aside(tmp_path: Path) -> None:
     bronze = locations.table / "_delta_log"
     bronze.mkdir(parents=True)
 
-    moved = dict(reset_silver(spec, settings))
+    moved = dict(reset_stage(spec, settings))
 
     assert not (silver_dir / "customers").exists() and bronze.exists()
     assert not locations.stage_checkpoint("silver").exists()
@@ -164,11 +165,11 @@ def test_reset_silver_moves_tables_and_checkpoint_aside(tmp_path: Path) -> None:
 def test_reset_silver_refuses_while_the_flow_runs(tmp_path: Path) -> None:
     settings = Settings(runtime_dir=tmp_path, jars_dir=tmp_path / "jars")
     spec = parse_spec(silver_spec(), where="flows/customers.yaml")
-    store = FileLeaseStore(FlowLocations.of(spec, settings).lease_dir)
+    store = FileLeaseStore(FlowState.of(spec, settings).lease_dir)
     running = FlowLease("customers", store, "someone", {}, 30.0)
     running.acquire()
     try:
         with pytest.raises(LeaseHeldError):
-            reset_silver(spec, settings)
+            reset_stage(spec, settings)
     finally:
         running.release()

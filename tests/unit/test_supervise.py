@@ -5,8 +5,12 @@ already set)."""
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.lease import LeaseLostError
+from pipelines.messages import FlowStopped, StopReason
+from pipelines.progress import BatchFailures
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_FAILED, EXIT_LEASE, EXIT_OK, StopRequest, supervise
+from pipelines.silver.expectations import ExpectationFailedError
 
 
 @dataclass
@@ -36,13 +40,69 @@ def test_a_query_failing_between_the_two_checks_is_a_failure() -> None:
     """The old loop read failures first and "all inactive" second: a failure in between passed
     for a clean exit. ``flaky`` is active on the failure check and has failed by the next read."""
     flaky = EndingQuery(active_reads=1, error="boom")
-    assert supervise({"flaky": flaky}, StopRequest(None), Reporter()) == EXIT_FAILED
+    ending = supervise({"flaky": flaky}, StopRequest(None), Reporter())
+    assert ending.code == EXIT_FAILED
+    assert ending.stops == (
+        FlowStopped("flaky", StopReason.CRASH, "flow flaky failed: boom", "flaky"),
+    )
 
 
 def test_clean_end_is_ok() -> None:
-    assert supervise({"a": EndingQuery(active_reads=2)}, StopRequest(None), Reporter()) == EXIT_OK
+    ending = supervise({"a": EndingQuery(active_reads=2)}, StopRequest(None), Reporter())
+    assert ending.code == EXIT_OK
+    assert ending.stops == (FlowStopped("a", StopReason.FINISHED),)
+
+
+def test_a_stop_request_stops_every_flow_on_request() -> None:
+    stop = StopRequest(None)
+    stop.request("SIGTERM")
+    queries = {"a": EndingQuery(active_reads=99), "b.silver": EndingQuery(active_reads=99)}
+    ending = supervise(queries, stop, Reporter())
+    assert ending.code == EXIT_OK
+    assert [(s.flow, s.reason, s.message) for s in ending.stops] == [
+        ("a", StopReason.STOPPED_ON_REQUEST, "SIGTERM"),
+        ("b", StopReason.STOPPED_ON_REQUEST, "SIGTERM"),
+    ]
 
 
 def test_a_lost_lease_inside_a_batch_exits_with_the_lease_code() -> None:
-    query = EndingQuery(active_reads=0, error="LeaseLostError: flow a: the lease is not held")
-    assert supervise({"a": query}, StopRequest(None), Reporter()) == EXIT_LEASE
+    """Known from the exception the batch raised (the side channel), not from Spark's text."""
+    failures = BatchFailures()
+    failures.record("a", LeaseLostError("flow a: the lease is not held"))
+    query = EndingQuery(active_reads=0, error="py4j... an error Spark reworded")
+    ending = supervise({"a": query}, StopRequest(None), Reporter(), failures=failures)
+    assert ending.code == EXIT_LEASE
+    assert ending.stops[0].reason is StopReason.LEASE_LOST
+    assert ending.stops[0].message == "flow a failed: LeaseLostError: flow a: the lease is not held"
+
+
+def test_the_text_of_an_error_never_decides_the_reason() -> None:
+    """Spark's text naming a Conflux error is not the error: without the raised exception the
+    failure is a crash, whatever the text says."""
+    query = EndingQuery(active_reads=0, error="pipelines.lease.LeaseLostError: flow a: lost")
+    ending = supervise({"a": query}, StopRequest(None), Reporter())
+    assert ending.code == EXIT_FAILED
+    assert ending.stops[0].reason is StopReason.CRASH
+
+
+def test_a_failed_expectation_stops_its_flow_and_the_others_with_it() -> None:
+    failures = BatchFailures()
+    error = ExpectationFailedError("flow a: silver batch 3: ... [failed expectations: positive]",
+                                   names=["positive"])  # fmt: skip
+    failures.record("a.silver", error)
+    queries = {
+        "a.silver": EndingQuery(active_reads=0, error="StreamingQueryException: ..."),
+        "b": EndingQuery(active_reads=99),
+    }
+    ending = supervise(queries, StopRequest(None), Reporter(), failures=failures)
+    assert ending.code == EXIT_FAILED
+    failed, other = ending.stops
+    assert failed == FlowStopped(
+        "a",
+        StopReason.EXPECTATION_FAILED,
+        f"flow a.silver failed: ExpectationFailedError: {error}",
+        "a.silver",
+        ("positive",),
+    )
+    assert other == FlowStopped("b", StopReason.OTHER_FLOW_FAILED, failed.message, "a.silver")
+    assert queries["b"].stopped
