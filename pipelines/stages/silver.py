@@ -149,7 +149,6 @@ class SilverStage(SilverDesign, QueryStage):
             table.role: (table, self._located(table)) for table in self.catalog.written_by(STAGE)
         }
         self.events_path = self.written[TableRole.EVENTS][1]
-        self.quarantine_path = self.written[TableRole.QUARANTINE][1]
         self.current_path = self._path(TableRole.CURRENT)
         self.deleted_path = self._path(TableRole.DELETED_KEYS)
         self.history_path = self._path(TableRole.HISTORY)
