@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 RUNTIME := .runtime
 export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
 PYTEST_ARGS ?=
+# The suite runs on every core (pytest-xdist); each test module stays in one worker process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 
 .PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status demo ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
@@ -74,8 +76,8 @@ demo: broker-start ## Run the demo: events to Kafka + files, through bronze, sil
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-test: setup ## Run the whole test suite (unit, integration, end-to-end)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+test: setup ## Run the whole test suite (unit, integration, end-to-end) on every core
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-unit: setup ## Run the unit tests only (no JVM)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

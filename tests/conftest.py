@@ -1,6 +1,8 @@
 """Session fixtures shared by integration and end-to-end tests: ONE real local Kafka broker and ONE
-SparkSession for the whole run, in temporary runtime folders, with the real jars from
-``make setup``. A missing runtime fails the tests; it never skips them."""
+SparkSession per test process (the whole run, or each pytest-xdist worker: `make test` runs the
+suite on every core with ``--dist loadfile``, so a module's tests and module fixtures stay in one
+process), in temporary runtime folders, with the real jars from ``make setup``. A missing
+runtime fails the tests; it never skips them."""
 
 from __future__ import annotations
 

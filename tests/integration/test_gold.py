@@ -345,9 +345,9 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
             landings.append(kill_now(group, state))
         send_to(1, chaos_orders(3, per_chunk, rng))
         send_to(1, [order(CHAOS_RECORDS, 16 * 60, "latte", 1.0)])  # 2026-11-21: the 20th closes
-        with launches.run("final", "available_now") as (group, out):
-            outputs.append(out)
-            assert group.process.wait(timeout=600) == 0, out.tail()
+        finished, out = launches.catch_up_here(spark)
+        outputs.append(out)
+        assert finished.code == EXIT_OK, out.tail()
     finally:
         print(f"kills landed: {[(k.kind, k.batch_id) for k in landings]}; KILL_SEED={seed}")
         print(f"  {window.rate()}; {mid_batch.rate()}; runs: {launches.timings}")

@@ -68,6 +68,7 @@ from tests.support.chaos import (
     POLL_SECONDS,
     Aim,
     ChaosError,
+    FinishedRun,
     FlowFiles,
     Landing,
     ProcessGroup,
@@ -361,7 +362,7 @@ def silver_progress(out: RunOutput, batch_id: int) -> dict[str, Any] | None:
 
 
 def wait_silver_batch(
-    group: ProcessGroup, out: RunOutput, batch_id: int, timeout: float = 600.0
+    group: ProcessGroup | FinishedRun, out: RunOutput, batch_id: int, timeout: float = 600.0
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while (progress := silver_progress(out, batch_id)) is None:
@@ -377,7 +378,7 @@ def wait_silver_batch(
 
 
 def check_silver_restart(
-    landing: Landing, paths: SilverPaths, group: ProcessGroup, out: RunOutput
+    landing: Landing, paths: SilverPaths, group: ProcessGroup | FinishedRun, out: RunOutput
 ) -> None:
     """What the run after ``landing`` (aimed at the history table's MERGE) must show for the
     killed silver batch."""
@@ -441,7 +442,11 @@ class TestSilverCurrentState:
 
 class TestSilverExactlyOnce:
     def test_kill_during_merge_batches_replays_nothing(
-        self, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+        self,
+        spark: SparkSession,
+        spark_settings: Settings,
+        kafka_broker: KafkaBroker,
+        tmp_path: Path,
     ) -> None:
         seed = seed_from_env()
         print(f"\nkill schedule seed: KILL_SEED={seed}  CDC_SEED={CDC_SEED}")
@@ -502,10 +507,9 @@ class TestSilverExactlyOnce:
             with launches.run("run-2", "continuous") as (group, out):
                 check_silver_restart(landings[-1], paths, group, out)
                 landings.append(kill_after_merge_commit(group, files, window))
-            with launches.run("final", "available_now") as (group, out):
-                check_silver_restart(landings[-1], paths, group, out)
-                code = group.process.wait(timeout=900)
-                assert code == 0, out.tail()
+            finished, out = launches.catch_up_here(spark)
+            assert finished.code == EXIT_OK, out.tail()
+            check_silver_restart(landings[-1], paths, finished, out)
         except ChaosError:
             report()
             raise

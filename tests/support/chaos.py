@@ -220,6 +220,24 @@ class ProcessGroup:
             time.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that has already returned (a catch-up in the test's own process), standing where
+    the checks take a :class:`ProcessGroup`: it is not running, and exited with ``code``."""
+
+    code: int
+
+    def running(self) -> bool:
+        return False
+
+    @property
+    def process(self) -> FinishedRun:
+        return self
+
+    def poll(self) -> int:
+        return self.code
+
+
 # --- kills ----------------------------------------------------------------------------------
 
 
@@ -387,7 +405,7 @@ class RunOutput:
         return f"--- stdout\n{out[-chars:]}\n--- stderr\n{err[-chars:]}"
 
     def wait_for_batch(
-        self, group: ProcessGroup, batch_id: int, timeout: float = 600.0
+        self, group: ProcessGroup | FinishedRun, batch_id: int, timeout: float = 600.0
     ) -> dict[str, Any]:
         """Block until the run reported ``batch_id``; return its progress payload."""
         found: list[dict[str, Any]] = []
