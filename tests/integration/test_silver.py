@@ -331,7 +331,7 @@ def kill_after_merge_commit(
     for attempt in range(1, tries + 1):
         while files.latest_delta_version() <= seen:
             if not group.running():
-                raise ChaosError(f"the application exited ({group.process.poll()}) before a MERGE")
+                raise ChaosError(f"the application exited ({group.exit_code()}) before a MERGE")
             if time.monotonic() > deadline:
                 raise ChaosError(f"timed out waiting for a MERGE after v{seen}")
             time.sleep(POLL_SECONDS)

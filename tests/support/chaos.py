@@ -201,6 +201,10 @@ class ProcessGroup:
     def running(self) -> bool:
         return self.process.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The group leader's exit code, None while it runs."""
+        return self.process.poll()
+
     def pause(self) -> None:
         os.killpg(self.pgid, signal.SIGSTOP)
 
@@ -230,11 +234,7 @@ class FinishedRun:
     def running(self) -> bool:
         return False
 
-    @property
-    def process(self) -> FinishedRun:
-        return self
-
-    def poll(self) -> int:
+    def exit_code(self) -> int:
         return self.code
 
 
@@ -281,7 +281,7 @@ def _paused(group: ProcessGroup) -> Iterator[None]:
 def _wait_until(group: ProcessGroup, ready: Callable[[], bool], deadline: float, what: str) -> None:
     while not ready():
         if not group.running():
-            raise ChaosError(f"the application exited (code {group.process.poll()}) {what}")
+            raise ChaosError(f"the application exited (code {group.exit_code()}) {what}")
         if time.monotonic() > deadline:
             raise ChaosError(f"timed out {what}")
         time.sleep(POLL_SECONDS)
@@ -423,7 +423,7 @@ class RunOutput:
                 if found:
                     break
                 raise ChaosError(
-                    f"the run exited ({group.process.poll()}) before reporting batch {batch_id}\n"
+                    f"the run exited ({group.exit_code()}) before reporting batch {batch_id}\n"
                     + self.tail()
                 )
             if time.monotonic() > deadline:
