@@ -100,8 +100,12 @@ format: $(STAMP) ## Apply ruff's formatter and autofixes
 typecheck: $(STAMP) ## Run mypy on the packages
 	$(VENV)/bin/mypy pipelines assets quality
 
-chaos: setup ## Full-scale kill -9 exactly-once runs (100k records; KILL_SEED=N to replay a schedule)
-	CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} $(VENV)/bin/pytest -s tests/integration/test_bronze_exactly_once.py $(PYTEST_ARGS)
+chaos: setup ## Full-scale kill -9 runs of bronze, silver and gold, every kill of each schedule (KILL_SEED=N replays one)
+	CHAOS_FULL_SCHEDULE=1 CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} SILVER_KILL_KEYS=$${SILVER_KILL_KEYS:-10000} \
+		GOLD_CHAOS_RECORDS=$${GOLD_CHAOS_RECORDS:-100000} $(VENV)/bin/pytest -s $(PYTEST_ARGS) \
+		tests/integration/test_bronze_exactly_once.py \
+		tests/integration/test_silver.py::TestSilverExactlyOnce \
+		tests/integration/test_gold.py::test_gold_is_exact_after_kills_during_stateful_batches
 
 bench: setup ## Full benchmark run (~40 min): regenerates BENCHMARKS.md and bench/results/
 	$(PY) bench/run.py --write-benchmarks

@@ -30,7 +30,7 @@ from pipelines.health import flow_health
 from pipelines.identity import read_identity, reset_flow
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm
-from pipelines.messages import BatchCommitted, FlowStatus, MessageError
+from pipelines.messages import BatchCommitted, FlowStatus, FlowStopped, MessageError
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import Settings, load_settings
@@ -70,10 +70,22 @@ def _status(spec: FlowSpec, settings: Settings) -> FlowStatus:
         ) from exc
 
 
-def _state(term: LeaseTerm | None) -> str:
+def _state(term: LeaseTerm | None, status: FlowStatus) -> str:
+    """Running (by whom), or stopped and why, as the lease's last owner recorded it."""
     if term is None:
         return "never run"
-    return f"running ({term.owner})" if term.live() else "stopped"
+    if term.live():
+        return f"running ({term.owner})"
+    if status.owner != term.owner or status.stopped is None:
+        return "stopped: no end recorded"
+    return f"stopped: {status.stopped.reason.value}"
+
+
+def _stop(term: LeaseTerm | None, status: FlowStatus) -> FlowStopped | None:
+    """How the lease's last owner's run ended, if it has ended and recorded it."""
+    if term is None or term.live() or status.owner != term.owner:
+        return None
+    return status.stopped
 
 
 def cmd_validate(settings: Settings, _args: argparse.Namespace) -> int:
@@ -87,11 +99,12 @@ def cmd_validate(settings: Settings, _args: argparse.Namespace) -> int:
 def cmd_flows(settings: Settings, _args: argparse.Namespace) -> int:
     print(f"{'flow':24} {'trigger':14} {'state':32} {'last batch':>10} {'lag':>8}")
     for spec in _specs(settings):
-        last = _status(spec, settings).last_batch
+        status = _status(spec, settings)
+        last = status.last_batch
         batch_id = "-" if last is None else last.batch_id
         lag = None if last is None else last.lag
         print(
-            f"{spec.name:24} {spec.trigger.mode:14} {_state(_lease(spec, settings)):32} "
+            f"{spec.name:24} {spec.trigger.mode:14} {_state(_lease(spec, settings), status):32} "
             f"{batch_id!s:>10} {'-' if lag is None else lag!s:>8}"
         )
     return 0
@@ -102,10 +115,12 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     locations = FlowState.of(spec, settings)
     term = _lease(spec, settings)
     identity = read_identity(locations)
-    last = _status(spec, settings).last_batch
+    status = _status(spec, settings)
+    last = status.last_batch
+    stopped = _stop(term, status)
     report = {
         "flow": spec.name,
-        "state": _state(term),
+        "state": _state(term, status),
         "lease": None if term is None else term.describe(),
         "table": str(locations.table),
         "checkpoint": str(locations.checkpoint),
@@ -115,6 +130,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         if last is None
         else json.loads(json.dumps(last.to_json(), sort_keys=True)),
         "health": None if (health := flow_health(spec, settings)) is None else health.metadata(),
+        "stopped": None if stopped is None else stopped.to_json(),
     }
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -123,6 +139,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     print(f"state       {report['state']}")
     if term is not None:
         print(f"lease       {term.describe()}")
+    if stopped is not None and stopped.message:
+        print(f"stopped     {stopped.message.splitlines()[0]}")
+    elif term is not None and not term.live() and stopped is None:
+        print(f"stopped     the run of {term.owner} recorded no end: killed, or its host lost")
     print(f"table       {locations.table}  (checkpoint generation {report['generation']})")
     if last is not None:
         print(

@@ -508,22 +508,32 @@ def parse_message(data: Any) -> Message:
 
 @dataclass(frozen=True)
 class FlowStatus:
-    """A flow's ``_status.json``: the owner whose run wrote it and its last committed batch."""
+    """A flow's ``_status.json``: the owner whose run wrote it, its last committed batch, and how
+    that run ended (None while it runs, or when it never reported an end: a killed process).
+
+    ``stopped`` is written only when set, so a file without it reads and writes back unchanged.
+    """
 
     owner: str | None = None
     last_batch: BatchCommitted | None = None
+    stopped: FlowStopped | None = None
 
     def to_json(self) -> JsonObject:
-        return {
+        data: JsonObject = {
             "owner": self.owner,
             "last_batch": None if self.last_batch is None else self.last_batch.to_json(),
         }
+        if self.stopped is not None:
+            data["stopped"] = self.stopped.to_json()
+        return data
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> FlowStatus:
         read = _Fields(data, "_status.json")
         last = read.object("last_batch")
+        stopped = read.object("stopped")
         return cls(
             owner=read.optional("owner", str),
             last_batch=None if not last else BatchCommitted.parse(last),
+            stopped=None if not stopped else FlowStopped.parse(stopped),
         )

@@ -2,7 +2,7 @@
 
 What it reports are the messages of :mod:`pipelines.messages`, serialized with their
 ``to_json()``: committed batches (stdout, Pipes, the flow's ``_status.json``), stages started,
-flows stopped and why, errors (Pipes; errors and logs also on stderr).
+flows stopped and why (Pipes, ``_status.json``), errors (Pipes; errors and logs also on stderr).
 
 The Pipes reporter is the data plane's only link to the orchestrator, and it uses the
 dependency-free ``dagster_pipes`` protocol package, imported only when the process was launched
@@ -22,7 +22,13 @@ from typing import Any
 
 from pipelines.catalog.roles import TableRole, role_id
 from pipelines.catalog.state import write_json_atomically
-from pipelines.messages import BatchCommitted, ErrorReported, FlowStatus, FlowStopped, StageStarted
+from pipelines.messages import (
+    BatchCommitted,
+    ErrorReported,
+    FlowStatus,
+    FlowStopped,
+    StageStarted,
+)
 
 PROGRESS_PREFIX = "conflux.progress "
 SUMMARY_PREFIX = "conflux.summary "
@@ -32,23 +38,39 @@ def _line(prefix: str, payload: dict[str, Any]) -> str:
     return prefix + json.dumps(payload, default=str, sort_keys=True)
 
 
+def _last_batch(status_file: Path) -> BatchCommitted | None:
+    """The last batch an earlier run recorded in ``status_file`` (None: none, or unreadable:
+    ``conflux status`` names that problem; the runner only rewrites the file)."""
+    try:
+        return FlowStatus.parse(json.loads(status_file.read_text())).last_batch
+    except (OSError, ValueError):  # MessageError is a ValueError
+        return None
+
+
 class Reporter:
     """Reports batches, logs and final per-flow summaries to every configured channel.
 
     Channels: JSON lines on stdout, Dagster Pipes when launched by it, and each flow's status file
     (:attr:`FlowState.status_file`, read by ``conflux status``) once :meth:`track_status`
-    named them.
+    named them: the last batch, and how the run ended.
     """
 
     def __init__(self, pipes: Any | None = None) -> None:
         self._pipes = pipes
         self._status_files: dict[str, Path] = {}
         self._owner: str | None = None
+        #: Each tracked flow's last committed batch: this run's, or (none yet) the file's.
+        self._last_batches: dict[str, BatchCommitted | None] = {}
 
     def track_status(self, status_files: Mapping[str, Path], owner: str) -> None:
-        """Also write each flow's last batch to its status file, as lease owner ``owner``'s."""
+        """Also write each flow's last batch, and its stop, to its status file, as lease owner
+        ``owner``'s, starting now (a run killed before it reports an end leaves a status with
+        none). Only flows whose lease this run holds: a refused start writes nothing."""
         self._status_files = dict(status_files)
         self._owner = owner
+        self._last_batches = {flow: _last_batch(path) for flow, path in status_files.items()}
+        for flow, path in self._status_files.items():  # this run's, with no end yet
+            write_json_atomically(path, FlowStatus(owner, self._last_batches[flow]).to_json())
 
     @property
     def under_pipes(self) -> bool:
@@ -66,6 +88,7 @@ class Reporter:
             self._pipes.report_custom_message(payload)
         status_file = self._status_files.get(progress.flow)
         if status_file is not None:
+            self._last_batches[progress.flow] = progress
             write_json_atomically(status_file, FlowStatus(self._owner, progress).to_json())
 
     def started(self, started: StageStarted) -> None:
@@ -74,9 +97,14 @@ class Reporter:
             self._pipes.report_custom_message(started.to_json())
 
     def stopped(self, stopped: FlowStopped) -> None:
-        """A flow stopped, and why (Pipes only: an error was reported as it happened)."""
+        """A flow stopped, and why: to Pipes and into the flow's status file (an error was
+        reported as it happened)."""
         if self._pipes is not None:
             self._pipes.report_custom_message(stopped.to_json())
+        status_file = self._status_files.get(stopped.flow)
+        if status_file is not None:
+            last = self._last_batches.get(stopped.flow)
+            write_json_atomically(status_file, FlowStatus(self._owner, last, stopped).to_json())
 
     def info(self, message: str) -> None:
         print(f"conflux: {message}", file=sys.stderr, flush=True)

@@ -19,6 +19,52 @@ from pipelines.settings import Settings, load_settings
 from pipelines.spark import get_spark_session
 from tests.support.runtime import BrokerCli, KafkaBroker
 
+#: JVM options of the short-lived Spark drivers the suite starts (spark-submit launches, Dagster
+#: runs), prepended to Conflux's own through Spark's ``defaultJavaOptions``. They live for seconds
+#: to a minute or two on small data, where the C2 compiler's threads cost more CPU than its faster
+#: code returns (bench/HISTORY.md, "Suite after issue 22"). Not for the suite's own session, which
+#: runs a whole worker's modules, nor a product default: a long-running stream wants C2.
+DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+TEST_DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+TESTS = Path(__file__).resolve().parent
+#: Seconds each of the slowest modules took in a serial run (bench/HISTORY.md, "Suite after issue
+#: 22"), rounded. pytest-xdist hands modules out in collection order, so the heaviest go first and
+#: the last to finish is a short one, not a five-minute module run alone on one core.
+MODULE_SECONDS = {
+    "e2e/test_ui_surface.py": 330,
+    "integration/test_gold.py": 280,
+    "integration/test_silver.py": 230,
+    "e2e/test_flow_runs.py": 220,
+    "integration/test_silver_json.py": 210,
+    "integration/test_gold_join.py": 210,
+    "integration/test_quality.py": 190,
+    "integration/test_bench_quick.py": 180,
+    "e2e/test_stream_health.py": 160,
+    "e2e/test_continuous_run.py": 150,
+    "e2e/test_dead_run_worker.py": 130,
+    "integration/test_bronze_exactly_once.py": 130,
+    "integration/test_maintenance.py": 120,
+    "integration/test_one_writer.py": 100,
+    "integration/test_source_faults.py": 80,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Within each test package, heaviest modules first (:data:`MODULE_SECONDS`).
+
+    The packages keep their order (e2e, integration, unit), so each worker still runs a package's
+    modules one after the other and sets up a package fixture (``dagster dev``) once. A stable
+    sort: each module's tests keep their order and stay together."""
+
+    def weight(item: pytest.Item) -> tuple[str, int]:
+        path = item.path.resolve()
+        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
+        return name.partition("/")[0], -MODULE_SECONDS.get(name, 0)
+
+    items.sort(key=weight)
+
 
 @pytest.fixture(scope="session")
 def kafka_jars_dir() -> Path:
@@ -64,12 +110,15 @@ def spark_settings(kafka_broker: KafkaBroker, tmp_path_factory: pytest.TempPathF
         runtime_dir=runtime_dir,
         kafka_bootstrap_servers=kafka_broker.bootstrap_servers,
         flows_dir=runtime_dir / "flows",
+        spark_conf={DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **load_settings().spark_conf},
     )
 
 
 @pytest.fixture(scope="session")
 def spark(spark_settings: Settings) -> Iterator[SparkSession]:
-    """One SparkSession (Delta + Kafka connector) for the whole integration session, UI off."""
-    session = get_spark_session("conflux-tests", spark_settings, ui=False)
+    """One SparkSession (Delta + Kafka connector) for the whole integration session, UI off,
+    with the JIT's defaults (it runs for the whole session)."""
+    conf = {k: v for k, v in spark_settings.spark_conf.items() if k != DEFAULT_JAVA_OPTIONS}
+    session = get_spark_session("conflux-tests", replace(spark_settings, spark_conf=conf), ui=False)
     yield session
     session.stop()

@@ -5,13 +5,13 @@
   by the spec's domain with its owners and tags, with the gold checks; the schedules are the
   spec's crons; the scheduled backfill, evaluated as the UI's "Test schedule" does, asks for the
   newest closed dates under the stream's real watermark.
-* In a real headless Chromium: Materialize on the bronze asset runs the whole flow (late rows
-  land in the late table); the gold asset's backfill dialog launches two dates; both succeed,
-  with screenshots kept as artifacts.
-* Through GraphQL: a partition backfill of three dates, and one of a date still open, refused
-  with the time it closes. Afterwards every backfilled date of the
-  gold table equals a plain-Python aggregate of all its events, late ones included, and the
-  tables' materializations carry their schema, row count, lineage and Delta history.
+* Through GraphQL: a materialization of the flow; the tables' materializations carry their
+  schema, row count, lineage and Delta history, the gold checks pass.
+* In a real headless Chromium: Materialize on the bronze asset runs the whole flow again (late
+  rows land in the late table); the gold asset's backfill dialog launches a range of three dates,
+  one run; it succeeds, with screenshots kept as artifacts. Afterwards every date of the gold
+  table equals a plain-Python aggregate of all its events, late ones included.
+* Through GraphQL: a backfill of a date still open is refused with the time it closes.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_a_materialization_launched_over_graphql_writes_and_describes_every_tabl
     )
 
 
-def test_in_a_browser_materialize_the_flow_then_backfill_two_dates(
+def test_in_a_browser_materialize_the_flow_then_backfill_three_dates(
     dagster_ui: DagsterUI, sales: SalesFlow, kafka_broker: KafkaBroker
 ) -> None:
     ui, bronze = dagster_ui, AssetKey(["bronze", f"bronze_{FLOW}"])
@@ -246,25 +246,27 @@ def test_in_a_browser_materialize_the_flow_then_backfill_two_dates(
         assert sales.gold(on_time_dates) == sales.expected(on_time_dates)
         assert sales.gold(DATES[1:3]) != sales.expected(DATES[1:3])  # their late rows: not yet
 
-        first_two = [DATES[0].isoformat(), DATES[1].isoformat()]
+        three = [d.isoformat() for d in DATES[1:]]
         web.open(f"/assets/backfill/{GOLD}")
         web.button(re.compile(r"^Materialize"))
         partitions = web.page.get_by_placeholder(re.compile("partition", re.IGNORECASE))
-        partitions.fill(f"[{first_two[0]}...{first_two[1]}]")
+        partitions.fill(f"[{three[0]}...{three[-1]}]")
         partitions.press("Enter")
         web.screenshot("03_backfill_dialog")
         web.button("Launch backfill")
         launched = wait_for(
-            lambda: next(
-                (b for b in ui.backfills() if sorted(b["partitionNames"]) == first_two), None
-            ),
+            lambda: next((b for b in ui.backfills() if sorted(b["partitionNames"]) == three), None),
             60,
             "the backfill launched from the dialog",
         )
-        ui.wait_backfill(launched["id"], 600)
+        done = ui.wait_backfill(launched["id"], 600)
         web.open(f"/runs/b/{launched['id']}?tab=runs")
         web.screenshot("04_backfill_succeeded")
-    assert sales.gold(DATES[:2]) == sales.expected(DATES[:2])  # the late rows of DATES[1] too
+    assert len(done["runs"]) == 1  # a date range is one run, one Spark job
+    assert sales.gold(DATES) == sales.expected(DATES)  # the late rows of DATES[1:3] too
+    record = latest_metadata(ui, AssetKey(["backfill", GOLD]))
+    assert (record["first_date"], record["last_date"]) == (three[0], three[-1])
+    assert record["late_rows_covered"] == sum(LATE_DATES.values())
 
 
 def failed_run(ui: DagsterUI, backfill_id: str) -> str | None:
@@ -276,19 +278,10 @@ def failed_run(ui: DagsterUI, backfill_id: str) -> str | None:
     return None
 
 
-def test_a_partition_backfill_of_three_dates_and_the_scheduled_backfill(
+def test_an_open_date_is_refused_and_the_scheduled_backfill_asks_for_closed_ones(
     dagster_ui: DagsterUI, sales: SalesFlow
 ) -> None:
     ui = dagster_ui
-    three = [d.isoformat() for d in DATES[1:]]
-    backfill_id = ui.launch_partition_backfill(f"backfill/{GOLD}", three)
-    done = ui.wait_backfill(backfill_id, 600)
-    assert len(done["runs"]) == 1  # a date range is one run, one Spark job
-    assert sales.gold(DATES) == sales.expected(DATES)
-    record = latest_metadata(ui, AssetKey(["backfill", GOLD]))
-    assert (record["first_date"], record["last_date"]) == (three[0], three[-1])
-    assert record["late_rows_covered"] == sum(LATE_DATES.values())
-
     # A date the stream can still change is refused, naming when it closes.
     open_day = (TODAY - timedelta(days=1)).isoformat()
     refused = ui.launch_partition_backfill(f"backfill/{GOLD}", [open_day])

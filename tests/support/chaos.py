@@ -48,6 +48,10 @@ BEFORE_FIRST_BATCH = "before-first-batch"
 
 #: How often the watchers look at the flow's folders (the window they aim for lasts ~0.1 s).
 POLL_SECONDS = 0.002
+#: ``make chaos`` sets ``CHAOS_FULL_SCHEDULE=1``: every kill of each test's schedule (repeats of a
+#: window, kills at random moments). The suite kills once in each window a claim rests on (after
+#: a Delta commit, before its commit-log entry; mid-batch): each kill costs a Spark application.
+FULL_SCHEDULE = os.environ.get("CHAOS_FULL_SCHEDULE") == "1"
 _DELTA_COMMIT = re.compile(r"^(\d{20})\.json$")
 
 

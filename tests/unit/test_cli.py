@@ -67,6 +67,46 @@ def test_flows_status_and_stop_follow_the_lease(
     assert "no flow named 'nope'" in capsys.readouterr().err
 
 
+def test_a_stopped_flow_says_why_it_stopped(
+    flows: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from pipelines.messages import FlowStopped, StopReason
+    from pipelines.reporting import Reporter
+
+    spec = load_spec(write(flows, "a"))
+    locations = FlowState.of(spec, load_settings())
+    lease = FlowLease("a", FileLeaseStore(locations.lease_dir), "cli-123", {"pid": "1"})
+    lease.acquire()
+    reporter = Reporter()
+    reporter.track_status({"a": locations.status_file}, owner="cli-123")
+    message = "flow a failed: expectation positive (amount > 0) failed on 1 row(s)\nmore"
+    reporter.stopped(FlowStopped("a", StopReason.EXPECTATION_FAILED, message, "a.silver"))
+    assert main(["flows"]) == 0
+    assert "running (cli-123)" in capsys.readouterr().out  # the lease says it runs: it does
+    lease.release()
+    assert main(["flows"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("a "))
+    assert "stopped: expectation_failed" in row
+    assert main(["status", "a"]) == 0
+    assert f"stopped     {message.splitlines()[0]}" in capsys.readouterr().out
+    assert main(["status", "a", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "stopped: expectation_failed"
+    assert report["stopped"]["reason"] == "expectation_failed"
+    assert report["stopped"]["query"] == "a.silver"
+
+    # The next owner's run is killed before it records an end: the old end is not its story.
+    killed = FlowLease("a", FileLeaseStore(locations.lease_dir), "cli-456", {"pid": "2"})
+    killed.acquire()
+    killed.release()
+    assert main(["status", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "state       stopped: no end recorded" in out
+    assert "the run of cli-456 recorded no end" in out and "expectation" not in out
+
+
 def test_status_reads_a_status_file_written_by_the_previous_version(
     flows: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,8 +73,35 @@ def test_every_message_reaches_pipes_and_parses_back(tmp_path: Path, capsys: Any
     [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith(PROGRESS_PREFIX)]
     assert json.loads(line.removeprefix(PROGRESS_PREFIX)) == BATCH.to_json()  # only batches
     written = json.loads(status_file.read_text())
-    assert written == {"owner": "runner-0a1b2c3d4e5f", "last_batch": BATCH.to_json()}
-    assert FlowStatus.parse(written) == FlowStatus("runner-0a1b2c3d4e5f", BATCH)
+    assert written == {
+        "owner": "runner-0a1b2c3d4e5f",
+        "last_batch": BATCH.to_json(),
+        "stopped": stopped.to_json(),
+    }
+    assert FlowStatus.parse(written) == FlowStatus("runner-0a1b2c3d4e5f", BATCH, stopped)
+
+
+def test_the_status_file_keeps_the_last_batch_of_an_earlier_run_beside_this_runs_stop(
+    tmp_path: Path,
+) -> None:
+    """A run that failed before its first batch records why, and the last batch stays the one
+    the run before it committed; the next batch clears the stop (the flow runs again)."""
+    status_file = tmp_path / "orders" / "_status.json"
+    earlier = Reporter()
+    earlier.track_status({"orders": status_file}, owner="runner-1")
+    earlier.batch(BATCH)
+    failing = Reporter()
+    failing.track_status({"orders": status_file}, owner="runner-2")
+    crash = FlowStopped("orders", StopReason.SOURCE_ERROR, "flow orders failed: broker gone")
+    failing.stopped(crash)
+    assert FlowStatus.parse(json.loads(status_file.read_text())) == FlowStatus(
+        "runner-2", BATCH, crash
+    )
+    failing.batch(BATCH)
+    assert FlowStatus.parse(json.loads(status_file.read_text())) == FlowStatus("runner-2", BATCH)
+    untracked = FlowStopped("payments", StopReason.LEASE_HELD, "held by runner-9")
+    failing.stopped(untracked)  # not a flow this run holds: nothing written for it
+    assert not (tmp_path / "payments").exists()
 
 
 def test_flows_that_never_ran_are_reported_stopped_with_the_reason() -> None:
