@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 # The suite runs on every core (pytest-xdist); each test module stays in one worker process.
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
-.PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status demo ui test test-unit \
+.PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status s3-start s3-stop \
+	s3-status demo ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
 
 help: ## List every target
@@ -54,6 +55,15 @@ broker-stop: ## Stop the local Kafka broker
 
 broker-status: ## Show the local Kafka broker's state and health
 	$(PY) platform/kafka/broker.py status
+
+s3-start: setup ## Start the local S3-compatible store (s3proxy) on 127.0.0.1, bucket "conflux"
+	$(PY) platform/s3/store.py start
+
+s3-stop: ## Stop the local S3 store (its objects stay under .runtime/s3/data)
+	$(PY) platform/s3/store.py stop
+
+s3-status: ## Show the local S3 store's state and health
+	$(PY) platform/s3/store.py status
 
 demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster
 	$(PY) platform/demo/produce_sample.py
@@ -113,5 +123,5 @@ bench: setup ## Full benchmark run (~40 min): regenerates BENCHMARKS.md and benc
 bench-quick: setup ## Smoke run of the benchmarks (~2 min): every runner, same rows and offsets
 	$(PY) bench/run.py --quick
 
-clean: broker-stop ## Stop the broker and delete the runtime folder (keeps the venv)
+clean: broker-stop s3-stop ## Stop the broker and the S3 store, delete the runtime folder (keeps the venv)
 	rm -rf $(RUNTIME)

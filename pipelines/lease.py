@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.errors import ConfigError
+from pipelines.storage import LocalStorage, StateStorage, join
 
 TERM_PREFIX, TERM_SUFFIX = "term-", ".json"
 #: Terms kept below the current one; older ones are deleted (only the newest matters).
@@ -155,19 +155,20 @@ class LeaseStore(Protocol):
 
 
 @dataclass(frozen=True)
-class FileLeaseStore:
-    """Lease terms as files in a folder of a POSIX filesystem (local, NFS with link semantics)."""
+class StoredLeaseStore:
+    """Lease terms as files ``term-<number>.json`` in folder ``location`` of a
+    :class:`~pipelines.storage.StateStorage`: a local folder or an S3 prefix. Creating term N is
+    the storage's conditional create, so of two contenders for N exactly one wins, on any host."""
 
-    folder: Path
+    location: str
+    storage: StateStorage
 
-    def _path(self, term: int) -> Path:
-        return self.folder / f"{TERM_PREFIX}{term:010d}{TERM_SUFFIX}"
+    def _uri(self, term: int) -> str:
+        return join(self.location, f"{TERM_PREFIX}{term:010d}{TERM_SUFFIX}")
 
     def _terms(self) -> list[int]:
-        if not self.folder.is_dir():
-            return []
         numbers = []
-        for name in os.listdir(self.folder):
+        for name in self.storage.list(self.location):
             if name.startswith(TERM_PREFIX) and name.endswith(TERM_SUFFIX):
                 with contextlib.suppress(ValueError):
                     numbers.append(int(name[len(TERM_PREFIX) : -len(TERM_SUFFIX)]))
@@ -178,31 +179,17 @@ class FileLeaseStore:
             terms = self._terms()
             if not terms:
                 return None
-            try:
-                return LeaseTerm.from_json(self._path(terms[-1]).read_text())
-            except FileNotFoundError:
-                continue
-        raise ConfigError(f"{self.folder}: the lease terms keep disappearing; is it being cleaned?")
+            data = self.storage.read(self._uri(terms[-1]))
+            if data is not None:
+                return LeaseTerm.from_json(data.decode())
+        raise ConfigError(
+            f"{self.location}: the lease terms keep disappearing; is it being cleaned?"
+        )
 
     def create(self, term: LeaseTerm) -> bool:
         """Write ``term`` unless its number exists: a fully written file appears atomically."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(dir=self.folder, prefix=".pending-")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(term.to_json())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.link(scratch, self._path(term.term))  # fails if the term exists: the CAS
-        except FileExistsError:
+        if not self.storage.create(self._uri(term.term), term.to_json().encode()):
             return False
-        except OSError as exc:
-            raise ConfigError(
-                f"{self.folder}: cannot create lease files ({exc}); leases need a filesystem "
-                "with hard links (local disk, NFS): point CONFLUX_RUNTIME_DIR at one"
-            ) from exc
-        finally:
-            os.unlink(scratch)
         # A contender that read a term long ago may find its successor pruned and create it
         # again: that term is not the newest, so it did not win.
         return self._terms()[-1] == term.term
@@ -210,8 +197,12 @@ class FileLeaseStore:
     def prune(self, below: int) -> None:
         for number in self._terms():
             if number < below:
-                with contextlib.suppress(FileNotFoundError):
-                    self._path(number).unlink()
+                self.storage.delete(self._uri(number))
+
+
+def FileLeaseStore(folder: Path) -> StoredLeaseStore:  # noqa: N802  (reads as the class it was)
+    """Lease terms in a folder of a POSIX filesystem (local disk, NFS with hard links)."""
+    return StoredLeaseStore(str(folder), LocalStorage())
 
 
 @dataclass

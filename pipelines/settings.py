@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from pipelines.errors import ConfigError
+from pipelines.storage import S3Connection
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +35,10 @@ ENV_FIELDS: Mapping[str, str] = {
     "CONFLUX_KAFKA_BOOTSTRAP_SERVERS": "kafka_bootstrap_servers",
     "CONFLUX_FLOWS_DIR": "flows_dir",
     "CONFLUX_LEASE_SECONDS": "lease_seconds",
+    "CONFLUX_S3_ENDPOINT": "s3_endpoint",
+    "CONFLUX_S3_REGION": "s3_region",
+    "CONFLUX_S3_ACCESS_KEY_ID": "s3_access_key_id",
+    "CONFLUX_S3_SECRET_ACCESS_KEY": "s3_secret_access_key",
 }
 #: Variables that are read elsewhere (not settings fields) and therefore not unknown.
 ENV_OTHER = frozenset({"CONFLUX_CONFIG"})
@@ -52,6 +57,8 @@ class Settings:
         flows_dir: folder of flow spec YAML files.
         lease_seconds: how long a flow's ownership lease lasts without renewal; an orphaned
             Spark application stops within this time (see :mod:`pipelines.lease`).
+        s3_endpoint, s3_region, s3_access_key_id, s3_secret_access_key: the S3-compatible store
+            that ``s3a://`` locations live on (no endpoint: AWS's own). The secret is never shown.
     """
 
     runtime_dir: Path
@@ -61,6 +68,10 @@ class Settings:
     kafka_bootstrap_servers: str | None = None
     flows_dir: Path = PROJECT_ROOT / "flows"
     lease_seconds: float = 30.0
+    s3_endpoint: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = field(default=None, repr=False)
 
     @property
     def spark_jars_dir(self) -> Path:
@@ -81,6 +92,14 @@ class Settings:
     @property
     def checkpoints_dir(self) -> Path:
         return self.runtime_dir / "checkpoints"
+
+    def s3_connection(self) -> S3Connection | None:
+        """The S3 store's connection, or None when no credentials are set."""
+        if not (self.s3_access_key_id and self.s3_secret_access_key):
+            return None
+        return S3Connection(
+            self.s3_endpoint, self.s3_access_key_id, self.s3_secret_access_key, self.s3_region
+        )
 
     def resolved_bootstrap_servers(self) -> str:
         """The configured bootstrap servers, or the address of the running local broker."""
@@ -131,6 +150,14 @@ def settings_environment(
     )
     if settings.kafka_bootstrap_servers:
         env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
+    s3 = {
+        "CONFLUX_S3_ENDPOINT": settings.s3_endpoint,
+        "CONFLUX_S3_ACCESS_KEY_ID": settings.s3_access_key_id,
+        "CONFLUX_S3_SECRET_ACCESS_KEY": settings.s3_secret_access_key,
+    }
+    env.update({name: value for name, value in s3.items() if value})
+    if settings.s3_connection() is not None:
+        env["CONFLUX_S3_REGION"] = settings.s3_region
     return env
 
 

@@ -6,6 +6,7 @@ runtime fails the tests; it never skips them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,8 @@ from pipelines.errors import ConfigError
 from pipelines.jvm import check_java, require_jars
 from pipelines.settings import Settings, load_settings
 from pipelines.spark import get_spark_session
-from tests.support.runtime import BrokerCli, KafkaBroker
+from pipelines.storage import S3Connection
+from tests.support.runtime import S3_STORE_SCRIPT, KafkaBroker, S3Store, ServiceCli
 
 #: JVM options of the short-lived Spark drivers the suite starts (spark-submit launches, Dagster
 #: runs), prepended to Conflux's own through Spark's ``defaultJavaOptions``. They live for seconds
@@ -79,14 +81,14 @@ def kafka_jars_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def broker_cli(kafka_jars_dir: Path) -> BrokerCli:
+def broker_cli(kafka_jars_dir: Path) -> ServiceCli:
     """Runs ``broker.py`` with the real jars and an isolated runtime folder per call."""
-    return BrokerCli(kafka_jars_dir)
+    return ServiceCli(kafka_jars_dir)
 
 
 @pytest.fixture(scope="session")
 def kafka_broker(
-    broker_cli: BrokerCli, tmp_path_factory: pytest.TempPathFactory
+    broker_cli: ServiceCli, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaBroker]:
     """ONE broker for the whole session in a temporary runtime folder; stopped at the end."""
     runtime_dir = tmp_path_factory.mktemp("kafka-runtime")
@@ -99,6 +101,27 @@ def kafka_broker(
     finally:
         stopped = broker_cli.run("stop", runtime_dir=runtime_dir, timeout=90)
         assert stopped.returncode == 0, broker_cli.describe(stopped)
+
+
+@pytest.fixture(scope="session")
+def s3_store(kafka_jars_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
+    """ONE local S3 store (s3proxy) for the session, in a temporary runtime folder; stopped at the
+    end. Started only by the tests that ask for it."""
+    runtime_dir = tmp_path_factory.mktemp("s3-runtime")
+    cli = ServiceCli(kafka_jars_dir, S3_STORE_SCRIPT)
+    try:
+        result = cli.run("start", "--timeout", "120", runtime_dir=runtime_dir)
+        if result.returncode != 0:
+            pytest.fail(f"the session S3 store did not start:\n{cli.describe(result)}")
+        state = cli.parse(result)
+        saved = json.loads(Path(state["credentials_file"]).read_text())
+        connection = S3Connection(
+            state["endpoint"], saved["access_key_id"], saved["secret_access_key"], state["region"]
+        )
+        yield S3Store(connection, runtime_dir, state["pid"], state["bucket"])
+    finally:
+        stopped = cli.run("stop", runtime_dir=runtime_dir, timeout=60)
+        assert stopped.returncode == 0, cli.describe(stopped)
 
 
 @pytest.fixture(scope="session")

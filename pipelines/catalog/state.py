@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.catalog.roles import BRONZE_STAGE, SILVER_STAGE, gold_stage, is_gold_stage
-from pipelines.lease import FileLeaseStore
+from pipelines.lease import FileLeaseStore, StoredLeaseStore
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
@@ -111,7 +111,7 @@ class FlowState:
     def lease_dir(self) -> Path:
         return self.flow_dir / "_lease"
 
-    def lease_store(self) -> FileLeaseStore:
+    def lease_store(self) -> StoredLeaseStore:
         return FileLeaseStore(self.lease_dir)
 
     @property

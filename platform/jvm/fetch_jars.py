@@ -2,11 +2,12 @@
 
 Usage: ``python platform/jvm/fetch_jars.py [--force]`` (``make setup`` runs it).
 
-Two closed sets, two folders, never mixed on one classpath:
+Closed sets, a folder each, never mixed on one classpath:
 
 * ``<jars>/spark``: Delta and the Kafka connector, minus every artifact the pyspark wheel already
   ships (Spark's own jars win over ``spark.jars``, so a duplicate is dead weight or a conflict).
 * ``<jars>/kafka``: the Apache Kafka broker and its log4j binding, for the broker's own JVM.
+* ``<jars>/s3proxy``: the local S3-compatible store (``platform/s3/store.py``), its own JVM.
 
 A folder is fetched again only when its POM changed (its SHA-256 is recorded beside the jars),
 so Spark and the broker start offline and never download anything.
@@ -30,7 +31,11 @@ from pipelines.settings import load_settings
 
 HERE = Path(__file__).resolve().parent
 MAVEN_SETTINGS = HERE / "maven-settings.xml"
-JAR_SETS = {"spark": HERE / "spark" / "pom.xml", "kafka": HERE / "kafka" / "pom.xml"}
+JAR_SETS = {
+    "spark": HERE / "spark" / "pom.xml",
+    "kafka": HERE / "kafka" / "pom.xml",
+    "s3proxy": HERE / "s3proxy" / "pom.xml",
+}
 _ARTIFACT_RE = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
 STAMP = ".pom.sha256"
 MANIFEST = "MANIFEST.txt"

@@ -21,35 +21,46 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import fcntl
-import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from local_service import (  # platform/services/local_service.py
+    HOST,
+    LOG_TAIL_LINES,
+    Command,
+    ensure_port_free,
+    free_ports,
+    locked,
+    log_tail,
+    now,
+    pid_alive,
+    print_json,
+    read_json,
+    run_cli,
+    runs_with,
+    say,
+    terminate,
+    write_json,
+)
 
 from pipelines.errors import ConfigError
 from pipelines.jvm import check_java, java_executable, require_jars
-from pipelines.settings import Settings, load_settings
+from pipelines.settings import Settings
 
-HOST = "127.0.0.1"
 NODE_ID = 1
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 JVM_OPTIONS = ("-Xmx512m", "-Xms256m", "-XX:+UseG1GC")
-LOG_TAIL_LINES = 30
 PROBE_SECONDS = 2.0
 #: Largest record batch the local broker accepts (``message.max.bytes``), see render_properties.
 MAX_RECORD_BYTES = 8 * 1024 * 1024
@@ -168,28 +179,6 @@ def read_meta_cluster_id(data_dir: Path) -> str | None:
 # --------------------------------------------------------------------------- ports
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1, chosen by the OS (bind to port 0)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
-def ensure_port_free(port: int, option: str) -> None:
-    """Raise :class:`ConfigError` naming ``port`` and the fix unless it can be bound."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError as exc:
-            raise ConfigError(
-                f"port {port} on {HOST} is already in use ({exc.strerror}): stop whatever "
-                f"listens there, pass another {option} N, or leave {option} out to get a free port"
-            ) from exc
-
-
 def select_ports(port: int | None, controller_port: int | None) -> tuple[int, int]:
     """The (broker, controller) ports: the requested ones if free, else OS-chosen ones."""
     if port is not None and port == controller_port:
@@ -204,64 +193,9 @@ def select_ports(port: int | None, controller_port: int | None) -> tuple[int, in
 # --------------------------------------------------------------------------- processes
 
 
-def _proc_state(pid: int) -> str:
-    """The one-letter state from ``/proc/<pid>/stat`` ("" where there is no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rpartition(")")[2].split()[0]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs; zombies count as dead (an orphan may never be reaped by PID 1)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)  # reap it if it happens to be our own child
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _proc_state(pid) not in ("Z", "X")
-
-
 def is_our_broker(pid: int, paths: BrokerPaths) -> bool:
     """Whether ``pid`` is alive and is ``kafka.Kafka`` run on this runtime's properties file."""
-    if not pid_alive(pid):
-        return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return True  # no /proc: trust the pid
-    args = [arg.decode(errors="replace") for arg in argv]
-    return "kafka.Kafka" in args and str(paths.properties) in args
-
-
-def terminate(pid: int, timeout: float) -> bool:
-    """SIGTERM ``pid`` (Kafka then shuts down cleanly), SIGKILL its group after ``timeout``.
-
-    Returns True when it exited on SIGTERM alone.
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if _wait_gone(pid, timeout):
-        return True
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)  # started with start_new_session: pgid == pid
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    _wait_gone(pid, 10.0)
-    return False
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-    return True
+    return runs_with(pid, "kafka.Kafka", str(paths.properties))
 
 
 # --------------------------------------------------------------------------- state
@@ -269,20 +203,12 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 def read_state(paths: BrokerPaths) -> dict[str, Any] | None:
     """The content of ``broker.json``; None if missing, ``{}`` if unreadable."""
-    try:
-        data = json.loads(paths.state.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json(paths.state)
 
 
 def write_state(paths: BrokerPaths, state: dict[str, Any]) -> None:
     """Write ``broker.json`` atomically."""
-    tmp = paths.state.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, paths.state)
+    write_json(paths.state, state)
 
 
 def state_is_live(state: dict[str, Any], paths: BrokerPaths) -> bool:
@@ -291,28 +217,9 @@ def state_is_live(state: dict[str, Any], paths: BrokerPaths) -> bool:
     return isinstance(pid, int) and is_our_broker(pid, paths)
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES, offset: int = 0) -> str:
-    """The last ``lines`` lines of ``path`` after byte ``offset`` ("" if it does not exist)."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@contextlib.contextmanager
-def _locked(paths: BrokerPaths) -> Iterator[None]:
+def _locked(paths: BrokerPaths) -> contextlib.AbstractContextManager[None]:
     """Serialise start/stop of one runtime's broker across processes."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    with paths.lock.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    return locked(paths.lock)
 
 
 # --------------------------------------------------------------------------- health
@@ -395,7 +302,7 @@ def _live_state(paths: BrokerPaths) -> dict[str, Any] | None:
         return None
     if state_is_live(state, paths):
         return state
-    _say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
+    say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
     paths.state.unlink(missing_ok=True)
     return None
 
@@ -406,7 +313,7 @@ def _reuse(state: dict[str, Any], port: int | None, timeout: float) -> dict[str,
             f"the broker already runs on port {state['port']} (pid {state['pid']}), not {port}: "
             "run `broker.py stop` first to move it"
         )
-    _say(f"broker already running (pid {state['pid']}) at {state['bootstrap_servers']}")
+    say(f"broker already running (pid {state['pid']}) at {state['bootstrap_servers']}")
     try:
         wait_until_healthy(state["bootstrap_servers"], timeout, lambda: pid_alive(state["pid"]))
     except (TimeoutError, BrokerError) as exc:
@@ -463,7 +370,7 @@ def _spawn(paths: BrokerPaths, java: str, classpath: str) -> subprocess.Popen[by
     command += [f"-Dkafka.logs.dir={paths.logs}", "-cp", classpath]
     command += ["kafka.Kafka", str(paths.properties)]
     with paths.log_file.open("ab") as out:
-        out.write(f"\n=== {_now()} starting: {' '.join(command)}\n".encode())
+        out.write(f"\n=== {now()} starting: {' '.join(command)}\n".encode())
         out.flush()
         return subprocess.Popen(
             command,
@@ -482,7 +389,7 @@ def _new_state(paths: BrokerPaths, pid: int, ports: tuple[int, int]) -> dict[str
         "controller_port": ports[1],
         "bootstrap_servers": f"{HOST}:{ports[0]}",
         "log_file": str(paths.log_file),
-        "started_at": _now(),
+        "started_at": now(),
     }
 
 
@@ -508,10 +415,6 @@ def _tail_report(paths: BrokerPaths, offsets: dict[Path, int]) -> str:
     return "\n".join(report)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
 # --------------------------------------------------------------------------- stop / status
 
 
@@ -526,7 +429,7 @@ def stop_broker(settings: Settings, timeout: float = 30.0) -> bool:
         if live:
             _stop_process(state["pid"], timeout)
         else:
-            _say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
+            say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
         paths.state.unlink(missing_ok=True)
         return live
 
@@ -536,7 +439,7 @@ def _stop_process(pid: int, timeout: float) -> None:
     clean = terminate(pid, timeout)
     seconds = time.monotonic() - started
     how = "shut down cleanly" if clean else f"killed after {timeout:.0f} s without exiting"
-    _say(f"broker pid {pid} {how} ({seconds:.1f} s)")
+    say(f"broker pid {pid} {how} ({seconds:.1f} s)")
 
 
 def broker_status(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
@@ -598,31 +501,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_json(data: dict[str, Any]) -> None:
-    print(json.dumps(data, indent=2), flush=True)
-
-
 def _cmd_start(settings: Settings, args: argparse.Namespace) -> int:
     state = start_broker(settings, args.port, args.timeout, args.controller_port)
-    _print_json(state)
+    print_json(state)
     if "ready_seconds" in state:
-        _say(f"broker ready at {state['bootstrap_servers']} in {state['ready_seconds']} s")
+        say(f"broker ready at {state['bootstrap_servers']} in {state['ready_seconds']} s")
     return 0
 
 
 def _cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
     if not stop_broker(settings, args.timeout):
-        _say(f"no broker was running for {settings.broker_dir}")
+        say(f"no broker was running for {settings.broker_dir}")
     return 0
 
 
 def _cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     status = broker_status(settings, args.timeout)
-    _print_json(status)
+    print_json(status)
     if status.get("stale"):
-        _say(f"stale broker.json: process {status.get('pid')} is gone (run `broker.py start`)")
+        say(f"stale broker.json: process {status.get('pid')} is gone (run `broker.py start`)")
     elif not status["running"]:
-        _say(f"no broker is running for {settings.broker_dir}")
+        say(f"no broker is running for {settings.broker_dir}")
     return 0 if status["healthy"] else 1
 
 
@@ -630,13 +529,13 @@ def _cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
     try:
         seconds = wait_for_broker(settings, args.timeout)
     except TimeoutError as exc:
-        _say(str(exc))
+        say(str(exc))
         return 1
-    _say(f"broker healthy after {seconds:.1f} s")
+    say(f"broker healthy after {seconds:.1f} s")
     return 0
 
 
-_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+_COMMANDS: dict[str, Command] = {
     "start": _cmd_start,
     "stop": _cmd_stop,
     "status": _cmd_status,
@@ -646,15 +545,7 @@ _COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return the process exit code."""
-    args = build_parser().parse_args(argv)
-    try:
-        return _COMMANDS[args.command](load_settings(), args)
-    except ConfigError as exc:
-        _say(f"error: {exc}")
-        return 2
-    except BrokerError as exc:
-        _say(f"error: {exc}")
-        return 1
+    return run_cli(build_parser(), _COMMANDS, BrokerError, argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 if TYPE_CHECKING:
-    from conftest import BrokerCli, KafkaBroker
+    from conftest import KafkaBroker, ServiceCli
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,7 +113,7 @@ def test_produce_consume_round_trip(kafka_broker: KafkaBroker) -> None:
 # --------------------------------------------------------------------------- (b), (c) CLI
 
 
-def test_status_reports_healthy(kafka_broker: KafkaBroker, broker_cli: BrokerCli) -> None:
+def test_status_reports_healthy(kafka_broker: KafkaBroker, broker_cli: ServiceCli) -> None:
     result = broker_cli.run("status", runtime_dir=kafka_broker.runtime_dir)
 
     assert result.returncode == 0, broker_cli.describe(result)
@@ -124,14 +124,14 @@ def test_status_reports_healthy(kafka_broker: KafkaBroker, broker_cli: BrokerCli
 
 
 def test_wait_returns_at_once_when_healthy(
-    kafka_broker: KafkaBroker, broker_cli: BrokerCli
+    kafka_broker: KafkaBroker, broker_cli: ServiceCli
 ) -> None:
     result = broker_cli.run("wait", "--timeout", "30", runtime_dir=kafka_broker.runtime_dir)
 
     assert result.returncode == 0, broker_cli.describe(result)
 
 
-def test_start_again_is_idempotent(kafka_broker: KafkaBroker, broker_cli: BrokerCli) -> None:
+def test_start_again_is_idempotent(kafka_broker: KafkaBroker, broker_cli: ServiceCli) -> None:
     result = broker_cli.run("start", runtime_dir=kafka_broker.runtime_dir)
 
     assert result.returncode == 0, broker_cli.describe(result)
@@ -144,7 +144,7 @@ def test_start_again_is_idempotent(kafka_broker: KafkaBroker, broker_cli: Broker
 # --------------------------------------------------------------------------- (d) port taken
 
 
-def test_start_on_taken_port_fails_fast(broker_cli: BrokerCli, tmp_path: Path) -> None:
+def test_start_on_taken_port_fails_fast(broker_cli: ServiceCli, tmp_path: Path) -> None:
     with taken_port() as sock:
         port = sock.getsockname()[1]
         started = time.monotonic()
@@ -161,7 +161,7 @@ def test_start_on_taken_port_fails_fast(broker_cli: BrokerCli, tmp_path: Path) -
 # --------------------------------------------------------------------------- (e) restart
 
 
-def test_restart_keeps_topics_and_messages(broker_cli: BrokerCli, tmp_path: Path) -> None:
+def test_restart_keeps_topics_and_messages(broker_cli: ServiceCli, tmp_path: Path) -> None:
     topic = "survives-restart"
     records = [(f"k{i}", f"v{i}") for i in range(20)]
     try:
@@ -198,7 +198,7 @@ def test_restart_keeps_topics_and_messages(broker_cli: BrokerCli, tmp_path: Path
 # --------------------------------------------------------------------------- (f) and others
 
 
-def test_missing_jars_asks_for_make_setup(broker_cli: BrokerCli, tmp_path: Path) -> None:
+def test_missing_jars_asks_for_make_setup(broker_cli: ServiceCli, tmp_path: Path) -> None:
     empty_jars = tmp_path / "jars"
     empty_jars.mkdir()
 
@@ -208,7 +208,7 @@ def test_missing_jars_asks_for_make_setup(broker_cli: BrokerCli, tmp_path: Path)
     assert "make setup" in result.stderr
 
 
-def test_stale_state_is_detected_and_cleared(broker_cli: BrokerCli, tmp_path: Path) -> None:
+def test_stale_state_is_detected_and_cleared(broker_cli: ServiceCli, tmp_path: Path) -> None:
     state_file = tmp_path / "kafka" / "broker.json"
     state_file.parent.mkdir(parents=True)
     state_file.write_text(json.dumps({"pid": dead_pid(), "bootstrap_servers": "127.0.0.1:1"}))
@@ -222,7 +222,7 @@ def test_stale_state_is_detected_and_cleared(broker_cli: BrokerCli, tmp_path: Pa
     assert not state_file.exists()
 
 
-def test_stop_and_wait_without_broker(broker_cli: BrokerCli, tmp_path: Path) -> None:
+def test_stop_and_wait_without_broker(broker_cli: ServiceCli, tmp_path: Path) -> None:
     stop = broker_cli.run("stop", runtime_dir=tmp_path)
     assert stop.returncode == 0, broker_cli.describe(stop)
     assert "no broker was running" in stop.stderr

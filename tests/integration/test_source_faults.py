@@ -48,7 +48,7 @@ from tests.support.kafka import (
     wait_topic_deleted,
 )
 from tests.support.runner import RunnerProcess
-from tests.support.runtime import BrokerCli, KafkaBroker, settings_env
+from tests.support.runtime import KafkaBroker, ServiceCli, settings_env
 
 #: What Spark 4.1.3 reports when a subscribed topic no longer exists. Its Kafka source plans each
 #: micro-batch by describing the subscribed topics with an admin client
@@ -345,7 +345,7 @@ class TestBrokerRestart:
         self,
         spark: SparkSession,
         spark_settings: Settings,
-        broker_cli: BrokerCli,
+        broker_cli: ServiceCli,
         tmp_path: Path,
     ) -> None:
         broker_dir = tmp_path / "dedicated-broker"

@@ -1,5 +1,6 @@
-"""Handles on the real local runtime that tests share: the broker CLI, a running broker, and the
-environment that points a subprocess at a test runtime folder."""
+"""Handles on the real local runtime that tests share: the service managers' command lines (the
+broker, the S3 store), a running broker and store, and the environment that points a subprocess
+at a test runtime folder."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ from typing import Any
 import pytest
 
 from pipelines.settings import PROJECT_ROOT, Settings, settings_environment
+from pipelines.storage import S3Connection
 
 BROKER_SCRIPT = PROJECT_ROOT / "platform" / "kafka" / "broker.py"
+S3_STORE_SCRIPT = PROJECT_ROOT / "platform" / "s3" / "store.py"
 
 
 @dataclass(frozen=True)
-class BrokerCli:
-    """Runs ``broker.py`` in a subprocess against a given runtime folder and jars folder."""
+class ServiceCli:
+    """Runs a service manager (``broker.py`` by default, ``store.py``) in a subprocess against a
+    given runtime folder and jars folder."""
 
     jars_dir: Path
+    script: Path = BROKER_SCRIPT
 
     def env(self, runtime_dir: Path, jars_dir: Path | None = None) -> dict[str, str]:
         """The process environment: no inherited ``CONFLUX_*`` variable but these two."""
@@ -34,9 +39,9 @@ class BrokerCli:
     def run(
         self, *args: str, runtime_dir: Path, jars_dir: Path | None = None, timeout: float = 180
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``broker.py <args>``; never raises on a non-zero exit code."""
+        """Run ``<script> <args>``; never raises on a non-zero exit code."""
         return subprocess.run(
-            [sys.executable, str(BROKER_SCRIPT), *args],
+            [sys.executable, str(self.script), *args],
             env=self.env(runtime_dir, jars_dir),
             cwd=PROJECT_ROOT,
             capture_output=True,
@@ -47,11 +52,11 @@ class BrokerCli:
 
     @staticmethod
     def parse(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-        """The JSON document ``broker.py`` printed on stdout; fails the test if there is none."""
+        """The JSON document the manager printed on stdout; fails the test if there is none."""
         try:
             return dict(json.loads(result.stdout))
         except ValueError:
-            pytest.fail(f"broker.py printed no JSON:\n{BrokerCli.describe(result)}")
+            pytest.fail(f"the manager printed no JSON:\n{ServiceCli.describe(result)}")
 
     @staticmethod
     def describe(result: subprocess.CompletedProcess[str]) -> str:
@@ -73,3 +78,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """A subprocess environment that makes ``load_settings()`` return ``settings``, UI off."""
     ui_off = {"spark.ui.enabled": "false", **settings.spark_conf}
     return settings_environment(replace(settings, spark_conf=ui_off))
+
+
+@dataclass(frozen=True)
+class S3Store:
+    """A running local S3 store: its connection (secret included) and where its files are."""
+
+    connection: S3Connection
+    runtime_dir: Path
+    pid: int
+    bucket: str

@@ -1,0 +1,279 @@
+"""Where flow-state files live: a local folder or an S3 bucket, behind one small interface.
+
+A flow keeps small files beside its tables (identity, lease terms, status, health, the stop
+channel; see :mod:`pipelines.catalog.state`). Two guarantees matter, and the interface states
+them so that every store keeps them:
+
+* :meth:`StateStorage.write` replaces a file so that a reader sees the old or the new content,
+  never a part: a local file is written aside and renamed over; an S3 PUT is atomic by itself.
+* :meth:`StateStorage.create` creates a file only if it does not exist, and of several racing
+  creators exactly one wins, on every host that shares the store. Locally that is a hard link
+  (``link(2)`` fails when the name exists); on S3 a PUT with ``If-None-Match: *``, which the store
+  refuses with 412 when the key exists. A rename on S3 is a copy and an overwrite is silent, so
+  nothing else gives it. One owner per flow (the lease) rests on this call.
+
+Locations are URIs: ``s3a://bucket/key`` or ``s3://bucket/key`` on S3 (the scheme Spark's
+Hadoop client reads); a plain path or ``file:`` URI on the local disk. Credentials never come
+from a location: :class:`S3Connection` carries them, from the settings or the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from pipelines.errors import ConfigError
+
+S3_SCHEMES = ("s3a", "s3")
+#: The object metadata key that tags a conditional create with its writer's one-off id, so a
+#: retry of a PUT that had succeeded is told apart from a rival's file.
+WRITE_ID = "conflux-write-id"
+#: How often a conditional create is tried again while the store reports a concurrent one in
+#: flight (S3: 409 ConditionalRequestConflict); it then answers 200 or 412.
+CONFLICT_RETRIES = 5
+#: What ``link(2)`` fails with on a filesystem without hard links.
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.ENOSYS})
+
+
+class StateStorage(Protocol):
+    """Small files by URI (see the module doc for the guarantees)."""
+
+    def read(self, uri: str) -> bytes | None:
+        """The file's content; None if it does not exist."""
+        ...
+
+    def write(self, uri: str, data: bytes) -> None:
+        """Create or replace the file atomically."""
+        ...
+
+    def create(self, uri: str, data: bytes) -> bool:
+        """Create the file unless it exists; True if this call created it."""
+        ...
+
+    def list(self, uri: str) -> list[str]:
+        """The names of the files directly in folder ``uri``, sorted (empty if none)."""
+        ...
+
+    def delete(self, uri: str) -> None:
+        """Delete the file; nothing if it does not exist."""
+        ...
+
+
+def is_s3(uri: str) -> bool:
+    return urlparse(uri).scheme in S3_SCHEMES
+
+
+def join(uri: str, *names: str) -> str:
+    """``uri`` with ``names`` appended as path segments (for local paths and S3 URIs alike)."""
+    return "/".join([uri.rstrip("/"), *names])
+
+
+# --------------------------------------------------------------------------- local disk
+
+
+class LocalStorage:
+    """Files in folders of a POSIX filesystem (local disk, NFS with link semantics)."""
+
+    @staticmethod
+    def _path(uri: str) -> Path:
+        parsed = urlparse(uri)
+        if parsed.scheme in ("", "file"):
+            return Path(parsed.path if parsed.scheme else uri)
+        raise ConfigError(f"{uri}: not a local path (a plain path or a file: URI)")
+
+    def read(self, uri: str) -> bytes | None:
+        try:
+            return self._path(uri).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, uri: str, data: bytes) -> None:
+        path = self._path(uri)
+        scratch = self._scratch(path, data)
+        try:
+            os.replace(scratch, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(scratch)
+            raise
+
+    def create(self, uri: str, data: bytes) -> bool:
+        path = self._path(uri)
+        scratch = self._scratch(path, data)
+        try:
+            os.link(scratch, path)  # fails if the name exists: the conditional create
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in NO_HARD_LINKS:
+                raise  # e.g. a full disk: its own error says so
+            raise ConfigError(
+                f"{path.parent}: cannot create files there by hard link ({exc}); flow state needs "
+                "a filesystem with hard links (local disk, NFS) or an s3a:// location"
+            ) from exc
+        finally:
+            os.unlink(scratch)
+        return True
+
+    def list(self, uri: str) -> list[str]:
+        folder = self._path(uri)
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name[0] != ".")
+
+    def delete(self, uri: str) -> None:
+        self._path(uri).unlink(missing_ok=True)
+
+    @staticmethod
+    def _scratch(path: Path, data: bytes) -> str:
+        """``data`` fully written and synced to a hidden file beside ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            os.unlink(scratch)
+            raise
+        return scratch
+
+
+# --------------------------------------------------------------------------- S3
+
+
+@dataclass(frozen=True)
+class S3Connection:
+    """How to reach an S3-compatible store. The secret is never shown (not in ``repr``)."""
+
+    endpoint: str | None
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    region: str = "us-east-1"
+
+    def client(self, timeout: float | None = None) -> Any:
+        """A boto3 S3 client (path-style addressing: a local server has no bucket DNS names);
+        ``timeout``: seconds to connect and to read, one attempt (a health probe)."""
+        import boto3
+        from botocore.config import Config
+
+        config = Config(s3={"addressing_style": "path"}, retries={"mode": "standard"})
+        if timeout is not None:
+            config = config.merge(
+                Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1})
+            )
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            config=config,
+        )
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3a://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in S3_SCHEMES or not parsed.netloc:
+        raise ConfigError(f"{uri}: not an S3 location (s3a://bucket/key)")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+class S3Storage:
+    """Objects in an S3-compatible store that honours conditional writes (``If-None-Match``)."""
+
+    def __init__(self, connection: S3Connection) -> None:
+        self.connection = connection
+        self._client = connection.client()
+
+    def read(self, uri: str) -> bytes | None:
+        bucket, key = split_s3(uri)
+        try:
+            response = self._client.get_object(Bucket=bucket, Key=key)
+        except self._client.exceptions.NoSuchKey:
+            return None
+        return bytes(response["Body"].read())
+
+    def write(self, uri: str, data: bytes) -> None:
+        bucket, key = split_s3(uri)
+        self._client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def create(self, uri: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        write_id = uuid.uuid4().hex
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                self._client.put_object(
+                    Bucket=bucket,
+                    Key=key,
+                    Body=data,
+                    IfNoneMatch="*",
+                    Metadata={WRITE_ID: write_id},
+                )
+                return True
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status == 412:  # the key exists: ours only if a retried PUT had succeeded
+                    return self._written_by(bucket, key, write_id)
+                if status == 409 and attempt < CONFLICT_RETRIES:
+                    time.sleep(0.05 * (attempt + 1))  # a concurrent conditional write in flight
+                    continue
+                if status == 501:
+                    raise ConfigError(
+                        f"{uri}: the S3 store does not implement conditional writes "
+                        "(If-None-Match); Conflux needs them for one writer per flow: use a store "
+                        "that has them (AWS S3, s3proxy with its filesystem backend, SeaweedFS)"
+                    ) from exc
+                raise
+        raise AssertionError("unreachable")
+
+    def _written_by(self, bucket: str, key: str, write_id: str) -> bool:
+        head = self._client.head_object(Bucket=bucket, Key=key)
+        return bool(head.get("Metadata", {}).get(WRITE_ID) == write_id)
+
+    def list(self, uri: str) -> list[str]:
+        bucket, key = split_s3(uri)
+        prefix = key.rstrip("/") + "/" if key else ""
+        names: list[str] = []
+        for page in self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix, Delimiter="/"
+        ):
+            names += [item["Key"][len(prefix) :] for item in page.get("Contents", [])]
+        return sorted(name for name in names if name and name[0] != ".")
+
+    def delete(self, uri: str) -> None:
+        bucket, key = split_s3(uri)
+        self._client.delete_object(Bucket=bucket, Key=key)
+
+
+def storage_for(uri: str, connection: S3Connection | None = None) -> StateStorage:
+    """The storage that holds ``uri`` (``connection``: ``Settings.s3_connection()``).
+
+    Raises:
+        ConfigError: an S3 location without a connection, or a scheme Conflux cannot write.
+    """
+    scheme = urlparse(uri).scheme
+    if scheme in ("", "file"):
+        return LocalStorage()
+    if scheme in S3_SCHEMES:
+        if connection is None:
+            raise ConfigError(
+                f"{uri}: an S3 location needs the store's endpoint and credentials: set "
+                "CONFLUX_S3_ENDPOINT, CONFLUX_S3_ACCESS_KEY_ID and CONFLUX_S3_SECRET_ACCESS_KEY"
+            )
+        return S3Storage(connection)
+    raise ConfigError(
+        f"{uri}: Conflux cannot keep flow state on {scheme}:// (use a local path or s3a://)"
+    )
