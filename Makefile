@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 RUNTIME := .runtime
 export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
 PYTEST_ARGS ?=
-# The suite runs on every core (pytest-xdist); each test module stays in one worker process.
-PYTEST_PARALLEL ?= -n auto --dist loadfile
+# The suite runs on every core (pytest-xdist); each test module stays in one worker process, and
+# modules go out in the order tests/conftest.py sorts them (heaviest first, a package at a time).
+PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 
 .PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status s3-start s3-stop \
 	s3-status demo ui test test-unit \

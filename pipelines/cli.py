@@ -142,7 +142,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     if stopped is not None and stopped.message:
         print(f"stopped     {stopped.message.splitlines()[0]}")
     elif term is not None and not term.live() and stopped is None:
-        print(f"stopped     the run of {term.owner} recorded no end: killed, or its host lost")
+        print(
+            f"stopped     the run of {term.owner} recorded no end: it was killed, its host was "
+            "lost, or it ran a Conflux from before stop records"
+        )
     print(f"table       {locations.table}  (checkpoint generation {report['generation']})")
     if last is not None:
         print(

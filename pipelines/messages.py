@@ -531,9 +531,19 @@ class FlowStatus:
     def parse(cls, data: Mapping[str, Any]) -> FlowStatus:
         read = _Fields(data, "_status.json")
         last = read.object("last_batch")
-        stopped = read.object("stopped")
         return cls(
             owner=read.optional("owner", str),
             last_batch=None if not last else BatchCommitted.parse(last),
-            stopped=None if not stopped else FlowStopped.parse(stopped),
+            stopped=_stop_record(read.object("stopped")),
         )
+
+
+def _stop_record(data: Mapping[str, Any] | None) -> FlowStopped | None:
+    """A status file's stop record; one this version cannot read (a reason a later version
+    added) reads as none, so the flow still shows, as stopped without a known end."""
+    if not data:
+        return None
+    try:
+        return FlowStopped.parse(data)
+    except MessageError:
+        return None

@@ -28,9 +28,12 @@ from pipelines.messages import (
     FlowStatus,
     FlowStopped,
     StageStarted,
+    StopReason,
 )
 
 PROGRESS_PREFIX = "conflux.progress "
+#: Stops of a run whose flow another owner holds: its status file is that owner's to write.
+NOT_OURS = frozenset({StopReason.LEASE_LOST, StopReason.LEASE_HELD})
 SUMMARY_PREFIX = "conflux.summary "
 
 
@@ -102,7 +105,7 @@ class Reporter:
         if self._pipes is not None:
             self._pipes.report_custom_message(stopped.to_json())
         status_file = self._status_files.get(stopped.flow)
-        if status_file is not None:
+        if status_file is not None and stopped.reason not in NOT_OURS:
             last = self._last_batches.get(stopped.flow)
             write_json_atomically(status_file, FlowStatus(self._owner, last, stopped).to_json())
 

@@ -510,9 +510,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             specs = [load_spec(p) for p in args.spec]
             flows = [spec.name for spec in specs]
+            settings = load_settings()
+            if args.lease_owner is not None:  # the launcher holds the leases: an end before the
+                # flows start (a refused spec, a Spark that never came up) is theirs to record
+                status_files = {s.name: FlowState.of(s, settings).status_file for s in specs}
+                reporter.track_status(status_files, owner=args.lease_owner)
             code = run_flows(
                 specs,
-                load_settings(),
+                settings,
                 reporter,
                 stop,
                 args.trigger,

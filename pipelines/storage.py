@@ -25,6 +25,7 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -117,7 +118,7 @@ class LocalStorage:
                 raise  # e.g. a full disk: its own error says so
             raise ConfigError(
                 f"{path.parent}: cannot create files there by hard link ({exc}); flow state needs "
-                "a filesystem with hard links (local disk, NFS) or an s3a:// location"
+                "a filesystem with hard links (local disk, NFS): point CONFLUX_RUNTIME_DIR at one"
             ) from exc
         finally:
             os.unlink(scratch)
@@ -182,36 +183,74 @@ class S3Connection:
 
 
 def split_s3(uri: str) -> tuple[str, str]:
-    """``s3a://bucket/a/b`` -> ``("bucket", "a/b")``."""
-    parsed = urlparse(uri)
-    if parsed.scheme not in S3_SCHEMES or not parsed.netloc:
+    """``s3a://bucket/a/b`` -> ``("bucket", "a/b")``; the key as written (``?`` and ``#`` are
+    characters of a key, not a query or a fragment)."""
+    scheme, sep, rest = uri.partition("://")
+    bucket, _, key = rest.partition("/")
+    if not sep or scheme not in S3_SCHEMES or not bucket:
         raise ConfigError(f"{uri}: not an S3 location (s3a://bucket/key)")
-    return parsed.netloc, parsed.path.lstrip("/")
+    return bucket, key
+
+
+class StorageError(OSError):
+    """The store failed a request (unreachable, refused, throttled): an I/O error like a local
+    one, so callers that ride out a disk's I/O errors (the lease keeper) ride this one out too."""
+
+
+#: (endpoint, bucket) pairs whose conditional writes this process has checked.
+_PROBED: set[tuple[str | None, str]] = set()
+
+
+def _status(exc: Exception) -> int | None:
+    """The HTTP status of a botocore ``ClientError`` (None for any other error)."""
+    response = getattr(exc, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return int(status) if status is not None else None
+
+
+def _no_conditional_writes(uri: str) -> ConfigError:
+    return ConfigError(
+        f"{uri}: the S3 store does not honour conditional writes (If-None-Match: *); Conflux "
+        "needs them for one writer per flow: use a store that has them (AWS S3, s3proxy with its "
+        "filesystem backend, SeaweedFS)"
+    )
 
 
 class S3Storage:
-    """Objects in an S3-compatible store that honours conditional writes (``If-None-Match``)."""
+    """Objects in an S3-compatible store that honours conditional writes (``If-None-Match``).
 
-    def __init__(self, connection: S3Connection) -> None:
+    The first conditional create in a bucket checks that the store honours them (a store that
+    ignored the header would let every contender win): it creates a probe object twice and
+    expects the second to be refused. botocore's errors surface as :class:`StorageError`.
+    """
+
+    def __init__(self, connection: S3Connection, client: Any | None = None) -> None:
         self.connection = connection
-        self._client = connection.client()
+        self._client = client if client is not None else connection.client()
 
     def read(self, uri: str) -> bytes | None:
         bucket, key = split_s3(uri)
-        try:
-            response = self._client.get_object(Bucket=bucket, Key=key)
-        except self._client.exceptions.NoSuchKey:
-            return None
-        return bytes(response["Body"].read())
+        with self._errors(uri):
+            try:
+                response = self._client.get_object(Bucket=bucket, Key=key)
+            except Exception as exc:
+                if _status(exc) == 404:
+                    return None
+                raise
+            return bytes(response["Body"].read())
 
     def write(self, uri: str, data: bytes) -> None:
         bucket, key = split_s3(uri)
-        self._client.put_object(Bucket=bucket, Key=key, Body=data)
+        with self._errors(uri):
+            self._client.put_object(Bucket=bucket, Key=key, Body=data)
 
     def create(self, uri: str, data: bytes) -> bool:
-        from botocore.exceptions import ClientError
-
         bucket, key = split_s3(uri)
+        with self._errors(uri):
+            self._check_conditional_writes(bucket)
+            return self._create(uri, bucket, key, data)
+
+    def _create(self, uri: str, bucket: str, key: str, data: bytes) -> bool:
         write_id = uuid.uuid4().hex
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
@@ -223,39 +262,65 @@ class S3Storage:
                     Metadata={WRITE_ID: write_id},
                 )
                 return True
-            except ClientError as exc:
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            except Exception as exc:
+                status = _status(exc)
                 if status == 412:  # the key exists: ours only if a retried PUT had succeeded
                     return self._written_by(bucket, key, write_id)
                 if status == 409 and attempt < CONFLICT_RETRIES:
                     time.sleep(0.05 * (attempt + 1))  # a concurrent conditional write in flight
                     continue
                 if status == 501:
-                    raise ConfigError(
-                        f"{uri}: the S3 store does not implement conditional writes "
-                        "(If-None-Match); Conflux needs them for one writer per flow: use a store "
-                        "that has them (AWS S3, s3proxy with its filesystem backend, SeaweedFS)"
-                    ) from exc
+                    raise _no_conditional_writes(uri) from exc
                 raise
         raise AssertionError("unreachable")
 
     def _written_by(self, bucket: str, key: str, write_id: str) -> bool:
-        head = self._client.head_object(Bucket=bucket, Key=key)
+        try:
+            head = self._client.head_object(Bucket=bucket, Key=key)
+        except Exception as exc:
+            if _status(exc) == 404:  # deleted since (a prune): not ours to claim
+                return False
+            raise
         return bool(head.get("Metadata", {}).get(WRITE_ID) == write_id)
+
+    def _check_conditional_writes(self, bucket: str) -> None:
+        if (self.connection.endpoint, bucket) in _PROBED:
+            return
+        key = f".conflux-probe-{uuid.uuid4().hex}"
+        probe = f"s3a://{bucket}/{key}"
+        first = self._create(probe, bucket, key, b"probe")
+        second = self._create(probe, bucket, key, b"probe")
+        self._client.delete_object(Bucket=bucket, Key=key)
+        if not first or second:
+            raise _no_conditional_writes(f"s3a://{bucket}")
+        _PROBED.add((self.connection.endpoint, bucket))
 
     def list(self, uri: str) -> list[str]:
         bucket, key = split_s3(uri)
         prefix = key.rstrip("/") + "/" if key else ""
         names: list[str] = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=prefix, Delimiter="/"
-        ):
-            names += [item["Key"][len(prefix) :] for item in page.get("Contents", [])]
+        with self._errors(uri):
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, Delimiter="/"
+            ):
+                names += [item["Key"][len(prefix) :] for item in page.get("Contents", [])]
         return sorted(name for name in names if name and name[0] != ".")
 
     def delete(self, uri: str) -> None:
         bucket, key = split_s3(uri)
-        self._client.delete_object(Bucket=bucket, Key=key)
+        with self._errors(uri):
+            self._client.delete_object(Bucket=bucket, Key=key)
+
+    @contextlib.contextmanager
+    def _errors(self, uri: str) -> Iterator[None]:
+        """botocore's errors as :class:`StorageError`; Conflux's own pass through."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except (BotoCoreError, ClientError) as exc:
+            endpoint = self.connection.endpoint or "AWS S3"
+            raise StorageError(f"{uri}: the S3 store at {endpoint} failed: {exc}") from exc
 
 
 def storage_for(uri: str, connection: S3Connection | None = None) -> StateStorage:

@@ -24,6 +24,7 @@ Machine-readable results (JSON) go to stdout, messages to stderr. Exit codes: 0 
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import subprocess
 import sys
@@ -221,7 +222,7 @@ def start_store(
             wait_until_healthy(conn, timeout, lambda: pid_alive(state["pid"]))
             return {**state, "already_running": True, "healthy": True}
         creds = credentials(paths, port)
-        ensure_port_free(creds["port"], "--port")
+        ensure_port_free(creds["port"], "--port", "to use the port saved in credentials.json")
         return _launch(paths, java, jar_file, creds, timeout)
 
 
@@ -230,8 +231,9 @@ def _launch(
 ) -> dict[str, Any]:
     paths.data.mkdir(parents=True, exist_ok=True)
     paths.log_file.parent.mkdir(parents=True, exist_ok=True)
-    paths.properties.write_text(render_properties(paths, creds))
-    paths.properties.chmod(0o600)
+    properties = os.open(paths.properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(properties, "w") as handle:  # it holds the secret: never readable by others
+        handle.write(render_properties(paths, creds))
     command = [java, *JVM_OPTIONS, "-cp", str(jar_file), MAIN_CLASS]
     command += ["--properties", str(paths.properties)]
     offset = paths.log_file.stat().st_size if paths.log_file.exists() else 0

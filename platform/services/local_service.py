@@ -159,8 +159,9 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
-def ensure_port_free(port: int, option: str) -> None:
-    """Raise :class:`ConfigError` naming ``port`` and the fix unless it can be bound."""
+def ensure_port_free(port: int, option: str, otherwise: str = "to get a free port") -> None:
+    """Raise :class:`ConfigError` naming ``port`` and the fix unless it can be bound
+    (``otherwise``: what leaving ``option`` out does)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -168,7 +169,7 @@ def ensure_port_free(port: int, option: str) -> None:
         except OSError as exc:
             raise ConfigError(
                 f"port {port} on {HOST} is already in use ({exc.strerror}): stop whatever "
-                f"listens there, pass another {option} N, or leave {option} out to get a free port"
+                f"listens there, pass another {option} N, or leave {option} out {otherwise}"
             ) from exc
 
 

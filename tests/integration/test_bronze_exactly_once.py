@@ -157,7 +157,7 @@ def check_restart(
 
 
 class TestKafkaBronzeExactlyOnce:
-    def test_sigkill_in_the_commit_window_mid_batch_and_at_random(
+    def test_sigkill_in_the_commit_window_and_mid_batch(
         self,
         spark: SparkSession,
         spark_settings: Settings,

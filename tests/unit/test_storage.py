@@ -68,3 +68,76 @@ def test_a_local_create_without_hard_links_names_the_fix_and_a_full_disk_says_so
         storage.create(str(tmp_path / "a.json"), b"{}")
     assert not isinstance(error.value, ConfigError)
     assert [p.name for p in tmp_path.iterdir()] == []  # no scratch file left behind
+
+
+class FakeS3:
+    """An S3 client that honours If-None-Match (unless told to ignore it) and answers the next
+    PUTs with the statuses ``script`` lists: an int raises that status; ``"lost"`` stores the
+    object, then answers 412 (the retry of a PUT whose first answer was lost)."""
+
+    def __init__(self, script: list[int | str] | None = None, honours: bool = True) -> None:
+        self.objects: dict[str, tuple[bytes, dict[str, str]]] = {}
+        self.script = list(script or [])
+        self.honours = honours
+
+    @staticmethod
+    def error(status: int, operation: str) -> Exception:
+        from botocore.exceptions import ClientError
+
+        return ClientError({"Error": {"Code": str(status)}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)  # fmt: skip
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes, **options: object) -> dict:  # noqa: N803
+        metadata = dict(options.get("Metadata") or {})  # type: ignore[call-overload]
+        step = self.script.pop(0) if self.script and not Key.startswith(".conflux-probe") else None
+        if step == "lost":
+            self.objects[Key] = (Body, metadata)
+            raise self.error(412, "PutObject")
+        if isinstance(step, int):
+            raise self.error(step, "PutObject")
+        if options.get("IfNoneMatch") == "*" and Key in self.objects and self.honours:
+            raise self.error(412, "PutObject")
+        self.objects[Key] = (Body, metadata)
+        return {}
+
+    def head_object(self, Bucket: str, Key: str) -> dict:  # noqa: N803
+        if Key not in self.objects:
+            raise self.error(404, "HeadObject")
+        return {"Metadata": self.objects[Key][1]}
+
+    def delete_object(self, Bucket: str, Key: str) -> dict:  # noqa: N803
+        self.objects.pop(Key, None)
+        return {}
+
+
+def s3(client: FakeS3, name: str) -> S3Storage:
+    """A storage on ``client``; its own endpoint, so each test checks conditional writes anew."""
+    from pipelines.storage import S3Connection
+
+    return S3Storage(S3Connection(f"http://{name}.test", "key", "secret"), client)
+
+
+def test_a_retried_put_that_had_succeeded_is_ours_and_a_rivals_file_is_not() -> None:
+    client = FakeS3(["lost"])
+    assert s3(client, "lost").create("s3a://b/k", b"mine") is True
+    client.objects["rival"] = (b"theirs", {"conflux-write-id": "someone-else"})
+    assert s3(client, "lost").create("s3a://b/rival", b"mine") is False
+
+
+def test_a_concurrent_conditional_write_is_waited_out_and_failures_are_io_errors() -> None:
+    from pipelines.storage import StorageError
+
+    assert s3(FakeS3([409, 409]), "busy").create("s3a://b/k", b"x") is True
+    with pytest.raises(StorageError, match=r"the S3 store at http://down\.test failed") as error:
+        s3(FakeS3([503]), "down").create("s3a://b/k", b"x")
+    assert isinstance(error.value, OSError)  # the lease keeper rides it out like a disk error
+
+
+def test_a_store_without_conditional_writes_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ConfigError, match="does not honour conditional writes"):
+        s3(FakeS3(honours=False), "ignores").create("s3a://b/k", b"x")
+    with pytest.raises(ConfigError, match=r"If-None-Match.*AWS S3, s3proxy"):
+        s3(FakeS3([501]), "refuses").create("s3a://b/k", b"x")
+
+
+def test_keys_keep_every_character() -> None:
+    assert split_s3("s3a://b/flows/a?b#c.json") == ("b", "flows/a?b#c.json")
