@@ -103,10 +103,10 @@ def kafka_broker(
         assert stopped.returncode == 0, broker_cli.describe(stopped)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_store(kafka_jars_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
-    """ONE local S3 store (s3proxy) for the session, in a temporary runtime folder; stopped at the
-    end. Started only by the tests that ask for it."""
+    """ONE local S3 store (s3proxy) for the module that asks for it, in a temporary runtime
+    folder; stopped when the module ends (a JVM less beside the rest of the worker's modules)."""
     runtime_dir = tmp_path_factory.mktemp("s3-runtime")
     cli = ServiceCli(kafka_jars_dir, S3_STORE_SCRIPT)
     try:

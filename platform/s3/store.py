@@ -218,8 +218,12 @@ def start_store(
                     f"the store already runs on port {state['port']} (pid {state['pid']}), not "
                     f"{port}: run `store.py stop` first to move it"
                 )
-            conn = connection(paths)
-            wait_until_healthy(conn, timeout, lambda: pid_alive(state["pid"]))
+            try:
+                wait_until_healthy(connection(paths), timeout, lambda: pid_alive(state["pid"]))
+            except TimeoutError as exc:
+                raise StoreError(
+                    f"{exc}; it runs as pid {state['pid']}: see {state['log_file']}"
+                ) from exc
             return {**state, "already_running": True, "healthy": True}
         creds = credentials(paths, port)
         ensure_port_free(creds["port"], "--port", "to use the port saved in credentials.json")
@@ -252,7 +256,10 @@ def _launch(
     conn = connection(paths)
     try:
         wait_until_healthy(conn, timeout, lambda: process.poll() is None)
-        ensure_bucket(conn)
+        try:
+            ensure_bucket(conn)
+        except Exception as exc:  # botocore's: the store answers but refuses the bucket
+            raise StoreError(f"creating bucket {BUCKET} at {conn.endpoint} failed: {exc}") from exc
     except BaseException as exc:
         terminate(process.pid, 10.0)
         if not isinstance(exc, TimeoutError | StoreError):
