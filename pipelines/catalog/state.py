@@ -13,7 +13,8 @@ owns outside its tables lives in one folder per flow, ``<checkpoints>/<flow>/``:
     silver/              the silver stage's Spark checkpoint (when it runs as its own query)
     silver.refresh/      a full refresh's silver checkpoint, silver.refresh.json its marker
     gold/<table>/split/  a gold table's late split query (stateless; its Conflux watermark log in
-                         conflux_watermark/), gold/<table>/state/ its stateful query (RocksDB state)
+                         conflux_watermark/, its epoch in conflux_epoch), gold/<table>/state/ its
+                         stateful query (RocksDB state)
     _archive/            checkpoints of earlier generations, moved aside by `conflux reset`
 """
 
@@ -88,6 +89,11 @@ class FlowState:
     def gold_dir(self) -> Path:
         """The checkpoints of every gold query of the flow (what a gold reset moves aside)."""
         return self.flow_dir / "gold"
+
+    def epoch_file(self, gold_table: str) -> Path:
+        """The random id made with a gold table's split checkpoint, which tells the split's
+        appends apart across a gold reset (:func:`pipelines.stages.gold.checkpoint_epoch`)."""
+        return self.gold_checkpoint(gold_table, split=True) / "conflux_epoch"
 
     def watermark_log(self, gold_table: str) -> Path:
         """The Conflux watermark a gold table's split recorded for each of its batches."""

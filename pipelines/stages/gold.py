@@ -90,13 +90,12 @@ from pipelines.stages.base import QueryStage
 WHOLE_VERSIONS = "1000000"
 
 
-def checkpoint_epoch(checkpoint: Path) -> str:
-    """A random id made with the split checkpoint (kept in it). The flow's quarantine outlives a
-    ``reset --stage gold``, whose new checkpoint restarts batch ids at 0: its appends from the
-    new checkpoint carry a new app id, so Delta does not skip them as replays."""
-    epoch_file = checkpoint / "conflux_epoch"
+def checkpoint_epoch(epoch_file: Path) -> str:
+    """A random id made with the split checkpoint (kept in it: :meth:`FlowState.epoch_file`).
+    The flow's quarantine outlives a ``reset --stage gold``, whose new checkpoint restarts batch
+    ids at 0: its appends from the new checkpoint carry a new app id, so Delta does not skip them
+    as replays."""
     if not epoch_file.exists():
-        checkpoint.mkdir(parents=True, exist_ok=True)
         write_json_atomically(epoch_file, {"epoch": uuid.uuid4().hex[:12]})
     return str(json.loads(epoch_file.read_text())["epoch"])
 
@@ -301,7 +300,7 @@ class SplitStage(_GoldBase):
             ],
         )
         self.columns = schema.fieldNames()
-        self.epoch = checkpoint_epoch(self.checkpoint)
+        self.epoch = checkpoint_epoch(self.locations.epoch_file(self.gold.table))
 
     def _side(self) -> Column:
         """Which side a row of the batch comes from."""
