@@ -50,6 +50,7 @@ from local_service import (  # platform/services/local_service.py
     run_cli,
     runs_with,
     say,
+    spawn_logged,
     terminate,
     write_json,
 )
@@ -369,17 +370,7 @@ def _spawn(paths: BrokerPaths, java: str, classpath: str) -> subprocess.Popen[by
     command = [java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
     command += [f"-Dkafka.logs.dir={paths.logs}", "-cp", classpath]
     command += ["kafka.Kafka", str(paths.properties)]
-    with paths.log_file.open("ab") as out:
-        out.write(f"\n=== {now()} starting: {' '.join(command)}\n".encode())
-        out.flush()
-        return subprocess.Popen(
-            command,
-            cwd=paths.root,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return spawn_logged(command, paths.log_file, paths.root)
 
 
 def _new_state(paths: BrokerPaths, pid: int, ports: tuple[int, int]) -> dict[str, Any]:

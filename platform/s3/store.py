@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +50,7 @@ from local_service import (  # platform/services/local_service.py
     run_cli,
     runs_with,
     say,
+    spawn_logged,
     terminate,
     write_json,
 )
@@ -242,17 +242,7 @@ def _launch(
     command += ["--properties", str(paths.properties)]
     offset = paths.log_file.stat().st_size if paths.log_file.exists() else 0
     started = time.monotonic()
-    with paths.log_file.open("ab") as out:
-        out.write(f"\n=== {now()} starting: {' '.join(command)}\n".encode())
-        out.flush()
-        process = subprocess.Popen(
-            command,
-            cwd=paths.root,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = spawn_logged(command, paths.log_file, paths.root)
     conn = connection(paths)
     try:
         wait_until_healthy(conn, timeout, lambda: process.poll() is None)

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -102,6 +103,22 @@ def wait_gone(pid: int, timeout: float) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def spawn_logged(command: list[str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session of its own (so its group can be killed), its output
+    appended to ``log_file`` after a line saying when and what was started."""
+    with log_file.open("ab") as out:
+        out.write(f"\n=== {now()} starting: {' '.join(command)}\n".encode())
+        out.flush()
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 # --------------------------------------------------------------------------- state and logs
