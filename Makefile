@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 
 .PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status s3-start s3-stop \
-	s3-status demo ui test test-unit \
+	s3-status demo demo-s3 demo-steps ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
 
 help: ## List every target
@@ -67,6 +67,15 @@ s3-status: ## Show the local S3 store's state and health
 	$(PY) platform/s3/store.py status
 
 demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster
+	@$(MAKE) --no-print-directory demo-steps
+
+demo-s3: broker-start s3-start ## The demo with every table, checkpoint, lease and status file on the local S3 store
+	@echo "== the same flows, with every table, checkpoint, lease and status file on the local S3 store"
+	@eval "$$($(PY) platform/s3/store.py env)" \
+		&& export CONFLUX_LAKE_ROOT=s3a://conflux/demo/lake CONFLUX_CHECKPOINTS_ROOT=s3a://conflux/demo/checkpoints \
+		&& $(MAKE) --no-print-directory demo-steps && $(PY) platform/demo/show_store.py
+
+demo-steps: ## The demo's steps on the configured lake (make demo: local disk; make demo-s3: the S3 store)
 	$(PY) platform/demo/produce_sample.py
 	$(VENV)/bin/dagster job execute -m assets.definitions -a defs -j ingest_incremental
 	@echo; echo "== late orders and payments (two days ago) arrive; the gold watermarks send them to the late tables"

@@ -120,7 +120,11 @@ def build_definitions(
     checks = [
         check
         for spec in specs
-        for check in suite_checks(spec, flow_table_keys(spec), declared_paths(spec, settings))
+        for check in suite_checks(
+            spec,
+            flow_table_keys(spec),
+            {k: v.uri for k, v in declared_paths(spec, settings).items()},
+        )
     ]
     backfill_jobs = {gold.table: backfill_job(gold) for spec in specs for gold in spec.gold}
     backfill_schedules = [

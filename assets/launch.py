@@ -414,7 +414,7 @@ def run_flows(
             context,
             key,
             spark_submit.progress_interval_seconds,
-            table=TableFacts(str(paths[spec.name][table_id]), lineage.get(key)),
+            table=TableFacts(paths[spec.name][table_id], lineage.get(key)),
         )
         for spec in specs
         for table_id, key in tables[spec.name].by_role.items()

@@ -31,6 +31,8 @@ from dagster import (
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
+from pipelines.location import Location
+
 #: How many of the table's latest commits the ``history`` metadata shows.
 HISTORY_COMMITS = 5
 HISTORY_SCHEMA = TableSchema(
@@ -126,11 +128,11 @@ def table_facts(table: DeltaTable, lineage: TableColumnLineage | None = None) ->
 
 @dataclass
 class TableFacts:
-    """The facts of the table at ``path`` (a path or URI delta-rs reads), kept up to date cheaply:
-    the table stays open, each read loads the new log entries only, and the facts are rebuilt
-    only when the version moved."""
+    """The facts of the table at ``location`` (on the local disk or an S3 store), kept up to date
+    cheaply: the table stays open, each read loads the new log entries only, and the facts are
+    rebuilt only when the version moved."""
 
-    path: str
+    location: Location
     lineage: TableColumnLineage | None = None
     _table: DeltaTable | None = None
     _facts: dict[str, Any] = field(default_factory=dict)
@@ -139,7 +141,8 @@ class TableFacts:
         """The facts now; empty before the table exists, a note when delta-rs cannot read it."""
         try:
             if self._table is None:
-                self._table = DeltaTable(self.path)
+                options = self.location.delta_rs_options()
+                self._table = DeltaTable(self.location.uri, storage_options=options)
             else:
                 self._table.update_incremental()
             version = self._table.version()
@@ -150,6 +153,6 @@ class TableFacts:
         except Exception as exc:
             self._table = None
             return {
-                "table_facts": MetadataValue.text(f"delta-rs could not read {self.path}: {exc}")
+                "table_facts": MetadataValue.text(f"delta-rs could not read {self.location}: {exc}")
             }
         return dict(self._facts)

@@ -147,7 +147,7 @@ def measure(spark: Any, number: int, plan: Plan, deletion_vectors: bool) -> dict
         if (index + 1) % 50 == 0:
             say(f"{plan.batches} batches, DV {flag}: {index + 1} merged")
     build_seconds = time.monotonic() - started
-    before = describe(spark, Path(path))
+    before = describe(spark, settings.location(path))
     content = full_scan(spark, path)
     if content[0] != existing:
         raise SystemExit(f"the table holds {content[0]} rows, expected {existing}")

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from types import FrameType
 
@@ -30,11 +31,13 @@ from pipelines.health import flow_health
 from pipelines.identity import read_identity, reset_flow
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm
+from pipelines.location import Location
 from pipelines.messages import BatchCommitted, FlowStatus, FlowStopped, MessageError
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import Settings, load_settings
 from pipelines.spec import FlowSpec, json_schema, load_specs
+from pipelines.storage import StorageError
 
 
 def _specs(settings: Settings) -> list[FlowSpec]:
@@ -93,7 +96,21 @@ def cmd_validate(settings: Settings, _args: argparse.Namespace) -> int:
     for spec in specs:
         print(f"ok  {spec.name:24} {spec.spec_file}")
     print(f"{len(specs)} flow(s) valid in {settings.flows_dir}")
+    for store in _stores(specs, settings):
+        store.check_store()  # a ConfigError or StorageError names the store and the fix
+        print(f"ok  {store.uri}: reachable, conditional writes honoured")
     return 0
+
+
+def _stores(specs: list[FlowSpec], settings: Settings) -> list[Location]:
+    """One location per S3 bucket the flows keep tables or state in."""
+    buckets: dict[str, Location] = {}
+    for spec in specs:
+        catalog = FlowCatalog.of(spec, settings)
+        for location in [catalog.state.flow_dir, *(table.path for table in catalog)]:
+            if not location.is_local:
+                buckets.setdefault(location.uri.partition("://")[2].partition("/")[0], location)
+    return [replace(loc, uri=loc.uri.partition("://")[0] + "://" + b) for b, loc in buckets.items()]
 
 
 def cmd_flows(settings: Settings, _args: argparse.Namespace) -> int:
@@ -266,7 +283,6 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
         print(f"flow {spec.name} is not running")
         return 0
     stop_file = locations.stop_file(term.owner)
-    stop_file.parent.mkdir(parents=True, exist_ok=True)
     stop_file.touch()
     print(f"asked {term.owner} to stop flow {spec.name} after its in-flight batch commits")
     if args.no_wait:
@@ -396,7 +412,7 @@ def cmd_catalog(settings: Settings, args: argparse.Namespace) -> int:
             "layer": table.layer.value,
             "name": table.name,
             "location": table.location,
-            "exists": (table.path / "_delta_log").is_dir(),
+            "exists": (table.path / "_delta_log").exists(),
             "written_by": table.writer,
             "asset_key": "/".join(table.asset_key_path) if table.asset_key_path else None,
             "txn_app_id": None
@@ -517,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     except LeaseHeldError as exc:
         print(f"conflux: {exc}", file=sys.stderr)
         return EXIT_LEASE
-    except ConfigError as exc:
+    except (ConfigError, StorageError) as exc:  # a store it cannot reach is a setting to fix
         print(f"conflux: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 

@@ -137,7 +137,7 @@ class FlowPipeline:
         def write(batch: DataFrame, batch_id: int) -> None:
             head.write_with(batch, batch_id, fused)
 
-        head.checkpoint.mkdir(parents=True, exist_ok=True)
+        head.checkpoint.mkdir()
         writer = (
             head.input_stream(spark)
             .writeStream.queryName(head.query_name)

@@ -21,11 +21,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pipelines.catalog.state import FlowState, write_json_atomically
 from pipelines.lease import process_gone
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, duration_seconds
 
@@ -53,7 +53,7 @@ def delta_lag(end: Any, table_version: int | None) -> int | None:
 class HeartbeatWriter:
     """Keeps each flow's heartbeat file: per query its last event, last commit and lag."""
 
-    files: Mapping[str, Path]
+    files: Mapping[str, Location]
     owner: str = ""
     _state: dict[str, dict[str, Any]] = field(default_factory=dict)
     _written: dict[str, float] = field(default_factory=dict)
@@ -135,7 +135,7 @@ class Health:
         }
 
 
-def read_health(path: Path, owner: str) -> dict[str, Any] | None:
+def read_health(path: Location, owner: str) -> dict[str, Any] | None:
     """The heartbeat file written by lease owner ``owner``'s application (None: none yet; a
     file left by an earlier run is not this run's heartbeat)."""
     try:

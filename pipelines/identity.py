@@ -20,17 +20,15 @@ already committed.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pipelines.catalog.state import FlowState, write_json_atomically
 from pipelines.errors import ConfigError
 from pipelines.lease import FlowLease, new_owner_id, owner_details
+from pipelines.location import Location
 from pipelines.spec import FlowSpec
 
 FLOW_PROPERTY, FLOW_ID_PROPERTY, GENERATION_PROPERTY = (
@@ -106,16 +104,14 @@ def write_identity(locations: FlowState, identity: FlowIdentity) -> None:
     write_json_atomically(locations.identity_file, asdict(identity))
 
 
-def checkpoint_has_commits(checkpoint: Path) -> bool:
+def checkpoint_has_commits(checkpoint: Location) -> bool:
     """Whether Structured Streaming committed any batch in this checkpoint."""
-    commits = checkpoint / "commits"
-    return commits.is_dir() and any(name.isdigit() for name in os.listdir(commits))
+    return any(name.isdigit() for name in (checkpoint / "commits").names())
 
 
-def checkpoint_has_offsets(checkpoint: Path) -> bool:
+def checkpoint_has_offsets(checkpoint: Location) -> bool:
     """Whether Structured Streaming planned any batch in this checkpoint (committed or not)."""
-    offsets = checkpoint / "offsets"
-    return offsets.is_dir() and any(name.isdigit() for name in os.listdir(offsets))
+    return any(name.isdigit() for name in (checkpoint / "offsets").names())
 
 
 def resolve_identity(
@@ -247,10 +243,9 @@ def _reset(spec: FlowSpec, locations: FlowState) -> FlowIdentity:
     old = read_identity(locations)
     generation = (old.generation + 1) if old is not None else 1
     if locations.checkpoint.exists():
-        locations.archive_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         target = locations.archive_dir / f"{locations.checkpoint.name}-g{generation - 1}-{stamp}"
-        shutil.move(str(locations.checkpoint), str(target))
+        locations.checkpoint.move_to(target)
     identity = replace(
         FlowIdentity.new(spec, locations, generation),
         flow_id=old.flow_id if old is not None else uuid.uuid4().hex,

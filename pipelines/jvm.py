@@ -1,4 +1,5 @@
-"""Checks on the JVM side of the runtime: a recent enough Java and the fetched jar folders."""
+"""Checks on the JVM side of the runtime: a recent enough Java and the fetched jar folders, and
+where the S3 jars and Conflux's own storage classes live."""
 
 from __future__ import annotations
 
@@ -63,6 +64,42 @@ def require_jars(folder: Path, what: str) -> list[Path]:
             f"the {what} jars are not fetched ({folder} is empty or missing): run `make setup`"
         )
     return jars
+
+
+#: Folder (under the jars folder) of Hadoop's S3A connector and the AWS SDK modules it needs.
+S3A_JARS = "s3a"
+#: Conflux's JVM storage classes (platform/jvm/storage), compiled by ``make jars``.
+STORAGE_JAR = Path("conflux") / "conflux-storage.jar"
+#: Delta log store whose commit on S3 is one conditional PUT (``If-None-Match: *``).
+LOG_STORE_CLASS = "io.conflux.storage.ConditionalS3ALogStore"
+#: Spark checkpoint file manager: conditional PUTs on S3, Spark's own manager anywhere else.
+CHECKPOINT_MANAGER_CLASS = "io.conflux.storage.ConditionalCheckpointFileManager"
+
+
+def storage_jars(jars_dir: Path, required: bool) -> list[Path]:
+    """The S3A jar set and ``conflux-storage.jar``, which only come together: S3A without the
+    conditional log store and checkpoint manager would commit to S3 by check-then-PUT.
+
+    Args:
+        required: the settings point at an S3 store; otherwise a jars folder that has neither
+            (fetched before they existed) gives an empty list: a session for local paths only.
+
+    Raises:
+        ConfigError: one is there without the other, or ``required`` and they are missing.
+    """
+    s3a = sorted((jars_dir / S3A_JARS).glob("*.jar")) if (jars_dir / S3A_JARS).is_dir() else []
+    storage = jars_dir / STORAGE_JAR
+    if s3a and storage.is_file():
+        return [*s3a, storage]
+    if not s3a and not storage.exists() and not required:
+        return []
+    missing = [
+        str(p) for p, ok in ((jars_dir / S3A_JARS, s3a), (storage, storage.is_file())) if not ok
+    ]
+    raise ConfigError(
+        f"the S3 jars are incomplete ({', '.join(missing)} missing): run `make jars`, which "
+        "fetches the S3A connector and compiles Conflux's storage classes"
+    )
 
 
 #: Java class-data archive of a Spark driver with Delta (built by platform/jvm/class_archive.py).

@@ -40,7 +40,7 @@ from pipelines.lease import (
     owner_process_gone,
 )
 from pipelines.settings import Settings, settings_environment
-from pipelines.spark import spark_conf
+from pipelines.spark import spark_conf, spark_environment
 from pipelines.spec import FlowSpec
 
 RUNNER_SCRIPT = Path(__file__).resolve().parent / "runner.py"
@@ -164,6 +164,7 @@ class FlowApplication:
             )
             env = {
                 **settings_environment(self.settings),
+                **spark_environment(self.settings),  # the S3 store's credentials, never in argv
                 **self.spark_submit.environment(),
                 **self.env,
             }

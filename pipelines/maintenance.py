@@ -51,12 +51,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pyspark.sql import SparkSession
 
 from pipelines.catalog.tables import CatalogTable
+from pipelines.location import Location
 from pipelines.retention import (
     COMMIT_FILE,
     StreamReader,
@@ -157,7 +157,7 @@ def retrying(
     raise AssertionError("unreachable")
 
 
-def _quoted(path: Path) -> str:
+def _quoted(path: Location) -> str:
     return "delta.`" + str(path).replace("`", "``") + "`"
 
 
@@ -172,7 +172,7 @@ class Detail:
     properties: Mapping[str, str]
 
 
-def describe(spark: SparkSession, path: Path) -> Detail:
+def describe(spark: SparkSession, path: Location) -> Detail:
     """``DESCRIBE DETAIL``: the files of the table's latest version, their bytes, its properties."""
     row = spark.sql(f"DESCRIBE DETAIL {_quoted(path)}").first()
     assert row is not None
@@ -207,7 +207,7 @@ def vacuum_session(spark: SparkSession) -> SparkSession:
     return session
 
 
-def run_vacuum(spark: SparkSession, path: Path, hours: int) -> int | None:
+def run_vacuum(spark: SparkSession, path: Location, hours: int) -> int | None:
     """VACUUM with ``hours`` of retention; the files it deleted (from its ``VACUUM END`` commit,
     None when Delta's vacuum logging is off)."""
     before = latest_version(path)
@@ -288,11 +288,9 @@ def _mb(value: int | None) -> str:
 # --- a flow ---------------------------------------------------------------------------------------
 
 
-def is_delta_table(path: Path) -> bool:
-    log = path / "_delta_log"
-    return log.is_dir() and any(
-        COMMIT_FILE.match(p.name) or p.name == "_last_checkpoint" for p in log.iterdir()
-    )
+def is_delta_table(path: Location) -> bool:
+    names = (path / "_delta_log").names()
+    return any(COMMIT_FILE.match(name) or name == "_last_checkpoint" for name in names)
 
 
 def maintain_flow(

@@ -17,11 +17,11 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from pipelines.catalog.roles import TableRole, role_id
 from pipelines.catalog.state import write_json_atomically
+from pipelines.location import Location
 from pipelines.messages import (
     BatchCommitted,
     ErrorReported,
@@ -41,7 +41,7 @@ def _line(prefix: str, payload: dict[str, Any]) -> str:
     return prefix + json.dumps(payload, default=str, sort_keys=True)
 
 
-def _last_batch(status_file: Path) -> BatchCommitted | None:
+def _last_batch(status_file: Location) -> BatchCommitted | None:
     """The last batch an earlier run recorded in ``status_file`` (None: none, or unreadable:
     ``conflux status`` names that problem; the runner only rewrites the file)."""
     try:
@@ -60,12 +60,12 @@ class Reporter:
 
     def __init__(self, pipes: Any | None = None) -> None:
         self._pipes = pipes
-        self._status_files: dict[str, Path] = {}
+        self._status_files: dict[str, Location] = {}
         self._owner: str | None = None
         #: Each tracked flow's last committed batch: this run's, or (none yet) the file's.
         self._last_batches: dict[str, BatchCommitted | None] = {}
 
-    def track_status(self, status_files: Mapping[str, Path], owner: str) -> None:
+    def track_status(self, status_files: Mapping[str, Location], owner: str) -> None:
         """Also write each flow's last batch, and its stop, to its status file, as lease owner
         ``owner``'s, starting now (a run killed before it reports an end leaves a status with
         none). Only flows whose lease this run holds: a refused start writes nothing."""

@@ -12,10 +12,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from pipelines.catalog.roles import TableRole, gold_stage
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
@@ -61,7 +61,7 @@ class StreamReader:
     query: str
     #: The table it reads (:attr:`CatalogTable.id`).
     reads: str
-    checkpoint: Path
+    checkpoint: Location
 
 
 def stream_readers(spec: FlowSpec, settings: Settings) -> list[StreamReader]:
@@ -104,7 +104,7 @@ def parse_duration(text: str) -> timedelta | None:
     return timedelta(seconds=seconds)
 
 
-def _offset_version(offset_file: Path) -> int | None:
+def _offset_version(offset_file: Location) -> int | None:
     """``reservoirVersion`` of a Delta source in one ``offsets/<n>`` file (None: not a Delta one).
 
     The file is ``v1``, the batch metadata, then one JSON line per source.
@@ -118,13 +118,11 @@ def _offset_version(offset_file: Path) -> int | None:
     return None
 
 
-def _numbered(folder: Path) -> list[int]:
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+def _numbered(folder: Location) -> list[int]:
+    return sorted(int(name) for name in folder.names() if name.isdigit())
 
 
-def stream_start_version(checkpoint: Path) -> int | None:
+def stream_start_version(checkpoint: Location) -> int | None:
     """The source table version a Delta-source stream restarts from; None if it never planned
     a batch.
 
@@ -143,19 +141,17 @@ def stream_start_version(checkpoint: Path) -> int | None:
     return min(known) if known else None
 
 
-def latest_version(table: Path) -> int:
+def latest_version(table: Location) -> int:
     """The newest version with a commit file in ``table``'s log (-1 if none)."""
-    log = table / "_delta_log"
-    if not log.is_dir():
-        return -1
-    return max((int(m[1]) for p in log.iterdir() if (m := COMMIT_FILE.match(p.name))), default=-1)
+    names = (table / "_delta_log").names()
+    return max((int(m[1]) for name in names if (m := COMMIT_FILE.match(name))), default=-1)
 
 
 class UndatedVersionError(Exception):
     """A version a stream needs whose commit cannot be dated (its log entry is gone)."""
 
 
-def commit_time(table: Path, version: int) -> datetime | None:
+def commit_time(table: Location, version: int) -> datetime | None:
     """When ``version`` of ``table`` was committed; None if it is not committed yet (a stream
     that has read everything points at the next version).
 
@@ -177,7 +173,9 @@ def commit_time(table: Path, version: int) -> datetime | None:
             millis = info.get("inCommitTimestamp", info.get("timestamp"))
             if millis is not None:
                 return datetime.fromtimestamp(int(millis) / 1000, UTC)
-    return datetime.fromtimestamp(commit.stat().st_mtime, UTC)
+    if not commit.is_local:  # Delta writes commitInfo; only a foreign writer's commit lacks it
+        raise UndatedVersionError(f"{commit} records no commit time")
+    return datetime.fromtimestamp(commit.path.stat().st_mtime, UTC)
 
 
 @dataclass(frozen=True)

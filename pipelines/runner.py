@@ -54,6 +54,7 @@ from pipelines.lease import (
     new_owner_id,
     owner_details,
 )
+from pipelines.location import Location
 from pipelines.messages import FlowStopped, StageStarted, StopReason
 from pipelines.progress import BatchFailures, ProgressTracker, flow_of_query
 from pipelines.reporting import Reporter, open_reporter
@@ -70,7 +71,7 @@ POLL_SECONDS = 0.5
 class StopRequest:
     """Set by SIGTERM / SIGINT, by :meth:`request`, or by one of the stop files appearing."""
 
-    def __init__(self, stop_file: Path | None, *more_stop_files: Path) -> None:
+    def __init__(self, stop_file: Location | None, *more_stop_files: Location) -> None:
         self._event = threading.Event()
         self._stop_files = [f for f in (stop_file, *more_stop_files) if f is not None]
         self.reason = ""
@@ -82,7 +83,7 @@ class StopRequest:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.request(signal.Signals(signum).name)
 
-    def watch(self, stop_file: Path) -> None:
+    def watch(self, stop_file: Location) -> None:
         self._stop_files.append(stop_file)
 
     def request(self, reason: str) -> None:
@@ -283,6 +284,9 @@ def supervise(
         )
         failure = first_failure(queries)
         if failure is not None:
+            lost = lease_problem(guards)
+            if lost is not None:  # e.g. a commit refused because the new owner made it first
+                return _lease_lost(queries, lost, reporter, flows, failure)
             return _failed(queries, failure, reporter, flows, failures)
         if all_ended:  # a stop request may end a run before its later phases start
             pending = stop.requested and phases is not None and not phases.done
@@ -290,19 +294,36 @@ def supervise(
             return Ending.every(EXIT_OK, flows, reason, stop.reason if pending else "")
         lost = lease_problem(guards)
         if lost is not None:
-            flow, problem = lost
-            message = f"stopping now, the in-flight batches uncommitted: {problem}"
-            reporter.error(message)
-            for query in queries.values():
-                query.stop()  # no waiting: the lease may pass to a new owner soon
-            lease_lost = FlowStopped(flow, StopReason.LEASE_LOST, message)
-            return Ending.failed(EXIT_LEASE, flows, lease_lost)
+            return _lease_lost(queries, lost, reporter, flows)
         if stop.requested:
             reporter.info(f"stopping gracefully ({stop.reason}) after the in-flight batches commit")
             for query in queries.values():
                 stop_after_inflight_batch(query)
             return Ending.every(EXIT_OK, flows, StopReason.STOPPED_ON_REQUEST, stop.reason)
         time.sleep(POLL_SECONDS)
+
+
+def _lease_lost(
+    queries: dict[str, StreamingQuery],
+    lost: tuple[str, str],
+    reporter: Reporter,
+    flows: set[str],
+    failure: tuple[str, str] | None = None,
+) -> Ending:
+    """This run no longer holds a flow's lease: stop every query now. A query that failed meanwhile
+    (a paused driver waking past its lease finds its commit already made by the new owner, and
+    the store refuses it) failed because of that, and is reported as such."""
+    flow, problem = lost
+    message = f"stopping now, the in-flight batches uncommitted: {problem}"
+    if failure is not None:
+        name, error = failure
+        print(f"conflux: the failure of {name} as Spark reported it:\n{error}", file=sys.stderr)
+        first_line = error.strip().splitlines()[0] if error.strip() else "no message"
+        message = f"{problem}; {name} failed meanwhile: {first_line[:300]}"
+    reporter.error(message)
+    for query in queries.values():
+        query.stop()  # no waiting: the lease may pass to a new owner soon
+    return Ending.failed(EXIT_LEASE, flows, FlowStopped(flow, StopReason.LEASE_LOST, message))
 
 
 def _failed(
@@ -502,7 +523,7 @@ def not_started(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    stop = StopRequest(args.stop_file)
+    stop = StopRequest(Location.local(args.stop_file) if args.stop_file else None)
     stop.install_signal_handlers()
     flows = [p.stem for p in args.spec]  # their names, once the specs load
     with ExitStack() as stack:

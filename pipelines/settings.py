@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from pipelines.errors import ConfigError
-from pipelines.storage import S3Connection
+from pipelines.location import Location, normalize
+from pipelines.storage import S3_SCHEMES, S3Connection
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +35,8 @@ ENV_FIELDS: Mapping[str, str] = {
     "CONFLUX_SPARK_CONF": "spark_conf",
     "CONFLUX_KAFKA_BOOTSTRAP_SERVERS": "kafka_bootstrap_servers",
     "CONFLUX_FLOWS_DIR": "flows_dir",
+    "CONFLUX_LAKE_ROOT": "lake_root",
+    "CONFLUX_CHECKPOINTS_ROOT": "checkpoints_root",
     "CONFLUX_LEASE_SECONDS": "lease_seconds",
     "CONFLUX_S3_ENDPOINT": "s3_endpoint",
     "CONFLUX_S3_REGION": "s3_region",
@@ -57,6 +60,11 @@ class Settings:
         flows_dir: folder of flow spec YAML files.
         lease_seconds: how long a flow's ownership lease lasts without renewal; an orphaned
             Spark application stops within this time (see :mod:`pipelines.lease`).
+        lake_root: where tables live unless their spec gives a ``path``: a folder, or an
+            ``s3a://bucket/prefix`` (default: ``<runtime_dir>/lake``).
+        checkpoints_root: where each flow keeps its checkpoints, lease, identity, status and
+            stop channel (``<root>/<flow>/``): a folder or an ``s3a://`` prefix (default:
+            ``<runtime_dir>/checkpoints``).
         s3_endpoint, s3_region, s3_access_key_id, s3_secret_access_key: the S3-compatible store
             that ``s3a://`` locations live on (no endpoint: AWS's own). The secret is never shown.
     """
@@ -68,6 +76,8 @@ class Settings:
     kafka_bootstrap_servers: str | None = None
     flows_dir: Path = PROJECT_ROOT / "flows"
     lease_seconds: float = 30.0
+    lake_root: str | None = None
+    checkpoints_root: str | None = None
     s3_endpoint: str | None = None
     s3_region: str = "us-east-1"
     s3_access_key_id: str | None = None
@@ -86,12 +96,37 @@ class Settings:
         return self.runtime_dir / "kafka"
 
     @property
-    def lake_dir(self) -> Path:
-        return self.runtime_dir / "lake"
+    def lake(self) -> Location:
+        """The root of tables without a spec ``path`` (``<lake>/<layer>/<table>``)."""
+        return self.location(self.lake_root or str(self.runtime_dir / "lake"))
 
     @property
-    def checkpoints_dir(self) -> Path:
-        return self.runtime_dir / "checkpoints"
+    def checkpoints(self) -> Location:
+        """The root of every flow's state folder (:class:`pipelines.catalog.state.FlowState`)."""
+        return self.location(self.checkpoints_root or str(self.runtime_dir / "checkpoints"))
+
+    def location(self, uri: str) -> Location:
+        """``uri`` as a location: a relative path is under the runtime folder; an S3 one is
+        reached with :meth:`s3_connection`."""
+        scheme = uri.partition("://")[0] if "://" in uri else ""
+        if scheme in S3_SCHEMES:
+            return Location.of(uri, self._required_s3_connection(uri))
+        return Location.of(normalize(uri, base=self.runtime_dir))
+
+    @property
+    def on_object_store(self) -> bool:
+        """Whether the lake or the checkpoints live on an S3 store."""
+        return not (self.lake.is_local and self.checkpoints.is_local)
+
+    def _required_s3_connection(self, uri: str) -> S3Connection:
+        connection = self.s3_connection()
+        if connection is None:
+            raise ConfigError(
+                f"{uri}: an S3 location needs the store's credentials: set "
+                "CONFLUX_S3_ACCESS_KEY_ID and CONFLUX_S3_SECRET_ACCESS_KEY (and CONFLUX_S3_ENDPOINT "
+                "for a store other than AWS S3), or the s3_* keys of conflux.yaml"
+            )
+        return connection
 
     def s3_connection(self) -> S3Connection | None:
         """The S3 store's connection, or None when no credentials are set."""
@@ -127,7 +162,11 @@ def load_settings(
     if path is not None:
         settings = _apply(settings, _read_config_file(path), source=str(path))
     from_env = {ENV_FIELDS[k]: v for k, v in env.items() if k in ENV_FIELDS}
-    return _apply(settings, from_env, source="environment")
+    settings = _apply(settings, from_env, source="environment")
+    for root in (settings.lake_root, settings.checkpoints_root):
+        if root and root.partition("://")[0] in S3_SCHEMES:
+            settings._required_s3_connection(root)  # fail now, not at the first write
+    return settings
 
 
 def settings_environment(
@@ -148,6 +187,11 @@ def settings_environment(
         CONFLUX_SPARK_CONF=json.dumps(dict(settings.spark_conf)),
         CONFLUX_LEASE_SECONDS=str(settings.lease_seconds),
     )
+    roots = {
+        "CONFLUX_LAKE_ROOT": settings.lake_root,
+        "CONFLUX_CHECKPOINTS_ROOT": settings.checkpoints_root,
+    }
+    env.update({name: value for name, value in roots.items() if value})
     if settings.kafka_bootstrap_servers:
         env["CONFLUX_KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
     s3 = {
@@ -206,6 +250,8 @@ def _apply(settings: Settings, values: Mapping[str, Any], source: str) -> Settin
             changes[key] = {**settings.spark_conf, **_parse_spark_conf(value, source)}
         elif key == "lease_seconds":
             changes[key] = _parse_lease_seconds(value, source)
+        elif key in ("lake_root", "checkpoints_root"):
+            changes[key] = _parse_root(key, str(value), source)
         else:
             changes[key] = str(value)
     if (
@@ -215,6 +261,19 @@ def _apply(settings: Settings, values: Mapping[str, Any], source: str) -> Settin
     ):
         changes["jars_dir"] = changes["runtime_dir"] / "jars"
     return replace(settings, **changes)
+
+
+def _parse_root(key: str, value: str, source: str) -> str:
+    """A lake or checkpoints root: a path (kept as given: relative ones are under the runtime
+    folder) or an ``s3a://bucket/prefix``; any other scheme fails here, naming the key."""
+    try:
+        if "://" in value:
+            normalize(value)
+            if not value.partition("://")[2].partition("/")[0]:
+                raise ConfigError(f"{value}: no bucket; give s3a://bucket/prefix")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {key}: {exc}") from None
+    return value.rstrip("/") if "://" in value else value
 
 
 def _parse_spark_conf(value: Any, source: str) -> dict[str, str]:

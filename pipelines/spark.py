@@ -5,17 +5,32 @@ small-machine defaults); :func:`get_spark_session` builds a session from them, a
 launcher turns the same settings into ``spark-submit --conf`` arguments, so an embedded run and a
 cluster run are configured identically. Every key can be overridden through ``Settings.spark_conf``
 (``CONFLUX_SPARK_CONF`` or ``conflux.yaml``) and the master through ``CONFLUX_SPARK_MASTER``.
+
+``s3a://`` locations: every session carries Hadoop's S3A connector and Conflux's storage classes
+(``make jars``), whose Delta log store and checkpoint file manager create files on S3 with one
+conditional PUT, so a zombie driver cannot overwrite a commit (docs/object-storage.md). The
+store's endpoint and region are Spark settings; its credentials never are:
+:func:`spark_environment` gives them as the ``AWS_*`` variables S3A reads from the driver's
+environment.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from pipelines.jvm import check_java, class_archive_options, require_jars
+from pipelines.jvm import (
+    CHECKPOINT_MANAGER_CLASS,
+    LOG_STORE_CLASS,
+    check_java,
+    class_archive_options,
+    require_jars,
+    storage_jars,
+)
 from pipelines.settings import PROJECT_ROOT, Settings, load_settings
 
 LOG4J_CONFIG = PROJECT_ROOT / "platform" / "spark" / "log4j2.properties"
@@ -51,6 +66,50 @@ DELTA_CONF: Mapping[str, str] = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
+#: Commits on S3 by conditional PUT (the classes of platform/jvm/storage), s3:// read as s3a://,
+#: and path-style addressing (an S3-compatible server has no per-bucket host names).
+S3A_CONF: Mapping[str, str] = {
+    "spark.delta.logStore.s3a.impl": LOG_STORE_CLASS,
+    "spark.delta.logStore.s3.impl": LOG_STORE_CLASS,
+    # global to the session: the manager hands every other scheme to Spark's own
+    "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_MANAGER_CLASS,
+    "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+    "spark.hadoop.fs.s3a.path.style.access": "true",
+    "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
+}
+
+
+def uses_s3(settings: Settings) -> bool:
+    """Whether the settings name an S3 store (an endpoint, or credentials for AWS's own)."""
+    return bool(settings.s3_endpoint) or settings.s3_connection() is not None
+
+
+def s3a_conf(settings: Settings) -> dict[str, str]:
+    """S3A and the conditional commit classes; the store's endpoint and region when set."""
+    conf = dict(S3A_CONF)
+    if settings.s3_endpoint:
+        scheme = urlparse(settings.s3_endpoint).scheme.lower()
+        conf["spark.hadoop.fs.s3a.endpoint"] = settings.s3_endpoint
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(scheme != "http").lower()
+    if settings.s3_endpoint or settings.s3_region != Settings.s3_region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.s3_region
+    return conf
+
+
+def spark_environment(settings: Settings) -> dict[str, str]:
+    """The S3 store's credentials as the variables S3A's default credential chain reads
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), for the environment of a
+    driver: never in Spark settings, which show on the Spark UI, in logs and on command lines.
+    Empty when the settings have no credentials."""
+    connection = settings.s3_connection()
+    if connection is None:
+        return {}
+    return {
+        "AWS_ACCESS_KEY_ID": connection.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": connection.secret_access_key,
+        "AWS_REGION": connection.region,
+    }
+
 
 def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
     """All Spark settings for a Conflux application, user overrides applied last.
@@ -59,13 +118,15 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
         ConfigError: the jars were not fetched (``make setup``) or Java is missing or too old.
     """
     jars = require_jars(settings.spark_jars_dir, "Spark (Delta + Kafka connector)")
+    # always when fetched, not only for S3 settings: one session serves local and S3 paths alike
+    s3_jars = storage_jars(settings.jars_dir, required=uses_s3(settings))
     local = settings.spark_master.startswith("local")
     conf: dict[str, str] = {
         **SMALL_MACHINE_DEFAULTS,
         **STATE_STORE_CONF,
         **DELTA_CONF,
         "spark.master": settings.spark_master,
-        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.jars": ",".join(str(j) for j in [*jars, *s3_jars]),
         "spark.sql.warehouse.dir": str(settings.runtime_dir / "warehouse"),
         "spark.driver.extraJavaOptions": (
             f"-Dderby.system.home={settings.runtime_dir / 'derby'} "
@@ -78,6 +139,8 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
     }
     if local:
         conf.update(LOOPBACK_DRIVER)  # embedded runs listen on loopback only
+    if s3_jars:
+        conf.update(s3a_conf(settings))
     conf.update(settings.spark_conf)
     return conf
 
@@ -87,13 +150,28 @@ def get_spark_session(
 ) -> SparkSession:
     """A SparkSession with Delta and the Kafka connector, configured from ``settings``.
 
-    Re-uses the active session if there is one (its settings then stay as they were).
+    Re-uses the active session if there is one (its settings then stay as they were). The S3
+    store's credentials (:func:`spark_environment`) go into this process's environment, which the
+    driver's JVM inherits, unless credentials are already there.
     """
     settings = settings or load_settings()
     conf = spark_conf(settings, ui=ui)
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    export_credentials(spark_environment(settings))
     builder = SparkSession.builder.appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def export_credentials(
+    env: Mapping[str, str], environ: MutableMapping[str, str] | None = None
+) -> None:
+    """Put ``env`` (:func:`spark_environment`) into ``environ`` (default: ``os.environ``) unless
+    that already names AWS credentials: a key pair is taken whole or not at all, never mixed."""
+    target = os.environ if environ is None else environ
+    if not env or "AWS_ACCESS_KEY_ID" in target or "AWS_SECRET_ACCESS_KEY" in target:
+        return
+    for key, value in env.items():
+        target.setdefault(key, value)

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -65,6 +67,24 @@ class StateStorage(Protocol):
 
     def delete(self, uri: str) -> None:
         """Delete the file; nothing if it does not exist."""
+        ...
+
+    def exists(self, uri: str) -> bool:
+        """Whether ``uri`` is a file, or a folder with anything in it."""
+        ...
+
+    def delete_tree(self, uri: str) -> None:
+        """Delete the folder ``uri`` and everything in it; nothing if there is none."""
+        ...
+
+    def check(self, uri: str) -> None:
+        """Fail, naming the fix, unless this store can keep ``uri`` with its guarantees (an S3
+        bucket: reachable, and honouring conditional writes); cheap after the first call."""
+        ...
+
+    def move_tree(self, uri: str, target: str) -> None:
+        """Move the folder (or file) ``uri`` to ``target``, which must not exist. Not atomic on
+        S3 (a copy of each object, then a delete): callers hold the flow's lease."""
         ...
 
 
@@ -133,6 +153,24 @@ class LocalStorage:
     def delete(self, uri: str) -> None:
         self._path(uri).unlink(missing_ok=True)
 
+    def exists(self, uri: str) -> bool:
+        return self._path(uri).exists()
+
+    def check(self, uri: str) -> None:
+        self._path(uri)  # a local path; hard links are checked by the first create
+
+    def delete_tree(self, uri: str) -> None:
+        path = self._path(uri)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+    def move_tree(self, uri: str, target: str) -> None:
+        destination = self._path(target)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(self._path(uri), destination)
+
     @staticmethod
     def _scratch(path: Path, data: bytes) -> str:
         """``data`` fully written and synced to a hidden file beside ``path``."""
@@ -181,6 +219,22 @@ class S3Connection:
             config=config,
         )
 
+    def delta_rs_options(self) -> dict[str, str]:
+        """The storage options delta-rs (``deltalake``) reaches this store with: path-style
+        requests, plain HTTP only to an ``http://`` endpoint, and commits by conditional PUT
+        (``If-None-Match``) as Conflux's Spark log store makes them."""
+        options = {
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_REGION": self.region,
+            "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+            "AWS_CONDITIONAL_PUT": "etag",
+        }
+        if self.endpoint:
+            options["AWS_ENDPOINT_URL"] = self.endpoint
+            options["AWS_ALLOW_HTTP"] = str(self.endpoint.startswith("http://")).lower()
+        return options
+
 
 def split_s3(uri: str) -> tuple[str, str]:
     """``s3a://bucket/a/b`` -> ``("bucket", "a/b")``; the key as written (``?`` and ``#`` are
@@ -227,6 +281,12 @@ class S3Storage:
     def __init__(self, connection: S3Connection, client: Any | None = None) -> None:
         self.connection = connection
         self._client = client if client is not None else connection.client()
+
+    @property
+    def client(self) -> Any:
+        """The boto3 client (for what the interface does not cover: listings with sizes, object
+        metadata in tests and demos)."""
+        return self._client
 
     def read(self, uri: str) -> bytes | None:
         bucket, key = split_s3(uri)
@@ -311,6 +371,46 @@ class S3Storage:
         with self._errors(uri):
             self._client.delete_object(Bucket=bucket, Key=key)
 
+    def check(self, uri: str) -> None:
+        bucket, _key = split_s3(uri)
+        with self._errors(uri):
+            self._check_conditional_writes(bucket)
+
+    def exists(self, uri: str) -> bool:
+        bucket, key = split_s3(uri)
+        key = key.rstrip("/")
+        with self._errors(uri):
+            if key:
+                try:
+                    self._client.head_object(Bucket=bucket, Key=key)
+                    return True
+                except Exception as exc:
+                    if _status(exc) != 404:
+                        raise
+            folder = f"{key}/" if key else ""
+            listed = self._client.list_objects_v2(Bucket=bucket, Prefix=folder, MaxKeys=1)
+        return bool(listed.get("Contents"))
+
+    def delete_tree(self, uri: str) -> None:
+        with self._errors(uri):
+            bucket, keys = _keys_under(self._client, uri)
+            for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 keys at most
+                chunk = [{"Key": key} for key in keys[start : start + 1000]]
+                self._client.delete_objects(Bucket=bucket, Delete={"Objects": chunk})
+
+    def move_tree(self, uri: str, target: str) -> None:
+        source_prefix = split_s3(uri)[1].rstrip("/")
+        target_bucket, target_prefix = split_s3(target)
+        with self._errors(uri):
+            bucket, keys = _keys_under(self._client, uri)
+            for key in keys:
+                self._client.copy_object(
+                    Bucket=target_bucket,
+                    Key=target_prefix.rstrip("/") + key[len(source_prefix) :],
+                    CopySource={"Bucket": bucket, "Key": key},
+                )
+        self.delete_tree(uri)
+
     @contextlib.contextmanager
     def _errors(self, uri: str) -> Iterator[None]:
         """botocore's errors as :class:`StorageError`; Conflux's own pass through."""
@@ -338,7 +438,27 @@ def storage_for(uri: str, connection: S3Connection | None = None) -> StateStorag
                 f"{uri}: an S3 location needs the store's endpoint and credentials: set "
                 "CONFLUX_S3_ENDPOINT, CONFLUX_S3_ACCESS_KEY_ID and CONFLUX_S3_SECRET_ACCESS_KEY"
             )
-        return S3Storage(connection)
+        return _s3_storage(connection)
     raise ConfigError(
         f"{uri}: Conflux cannot keep flow state on {scheme}:// (use a local path or s3a://)"
     )
+
+
+def _keys_under(client: Any, uri: str) -> tuple[str, list[str]]:
+    """The bucket and every key of the file ``uri`` or under the folder ``uri``."""
+    bucket, key = split_s3(uri)
+    prefix = key.rstrip("/")
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys += [
+            item["Key"]
+            for item in page.get("Contents", [])
+            if item["Key"] == prefix or item["Key"].startswith(prefix + "/")
+        ]
+    return bucket, keys
+
+
+@functools.cache
+def _s3_storage(connection: S3Connection) -> S3Storage:
+    """One storage (one boto3 client, which is thread-safe) per store and process."""
+    return S3Storage(connection)

@@ -20,7 +20,6 @@ Markdown table), plus each failed expectation as its own metadata entry.
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -59,11 +58,11 @@ def silver_tables(spec: FlowSpec) -> dict[str, SilverTable]:
 
 
 def suite_checks(
-    spec: FlowSpec, keys: Mapping[str, AssetKey], paths: Mapping[str, Path]
+    spec: FlowSpec, keys: Mapping[str, AssetKey], paths: Mapping[str, str]
 ) -> list[AssetChecksDefinition]:
     """One ``gx_suite`` check per silver table of ``spec`` that declares a suite."""
     return [
-        _suite_check(spec, role, table.table, table.suite, keys[role], str(paths[role]))
+        _suite_check(spec, role, table.table, table.suite, keys[role], paths[role])
         for role, table in silver_tables(spec).items()
         if table.suite is not None
     ]

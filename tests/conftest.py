@@ -26,8 +26,10 @@ from tests.support.runtime import S3_STORE_SCRIPT, KafkaBroker, S3Store, Service
 #: to a minute or two on small data, where the C2 compiler's threads cost more CPU than its faster
 #: code returns (bench/HISTORY.md, "Suite after issue 22"). Not for the suite's own session, which
 #: runs a whole worker's modules, nor a product default: a long-running stream wants C2.
+#: C1 alone gets a 48 MB code cache, which the S3A and AWS SDK classes fill ("CodeCache is full.
+#: Compiler has been disabled": the driver then crawls, interpreted); hence the larger cache.
 DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
-TEST_DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+TEST_DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=160m"
 
 
 TESTS = Path(__file__).resolve().parent

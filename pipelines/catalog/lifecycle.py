@@ -16,11 +16,9 @@ the whole bronze table again into new tables; ``--stage gold`` does the same for
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 from delta.tables import DeltaTable
@@ -320,16 +318,15 @@ def reset_stage(
         )
         for checkpoint in checkpoints:
             if checkpoint.exists():
-                state.archive_dir.mkdir(parents=True, exist_ok=True)
                 target = state.archive_dir / f"{checkpoint.name}-{stamp}"
-                shutil.move(str(checkpoint), str(target))
+                checkpoint.move_to(target)
                 moved.append((str(checkpoint), str(target)))
         layers = (Layer.SILVER, Layer.GOLD) if stage == "silver" else (Layer.GOLD,)
         tables = catalog.layer_tables(*layers)  # declared ones first, as earlier versions moved
         for table in sorted(tables, key=lambda t: t.is_side_table):
             if table.path.exists():
-                target = Path(f"{table.path}.archived-{stamp}")
-                shutil.move(str(table.path), str(target))
+                target = table.path.with_suffix_appended(f".archived-{stamp}")
+                table.path.move_to(target)
                 moved.append((str(table.path), str(target)))
         return moved
     finally:

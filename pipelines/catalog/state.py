@@ -20,47 +20,43 @@ owns outside its tables lives in one folder per flow, ``<checkpoints>/<flow>/``:
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pipelines.catalog.roles import BRONZE_STAGE, SILVER_STAGE, gold_stage, is_gold_stage
-from pipelines.lease import FileLeaseStore, StoredLeaseStore
+from pipelines.lease import StoredLeaseStore
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
 
 
-def resolve(settings: Settings, path: str) -> Path:
-    """A spec path: absolute as given, relative to the runtime folder otherwise."""
-    candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else settings.runtime_dir / candidate
+def resolve(settings: Settings, path: str) -> Location:
+    """A spec location: an ``s3a://`` URI as given, a path absolute as given or relative to the
+    runtime folder."""
+    return settings.location(path)
 
 
 @dataclass(frozen=True)
 class FlowState:
     """The flow's folder and every piece of state in it (see the module doc)."""
 
-    flow_dir: Path
+    flow_dir: Location
     #: The bronze table (its identity is stamped on it; kept here for the identity checks).
-    table: Path
+    table: Location
     #: The bronze stage's Spark checkpoint.
-    checkpoint: Path
+    checkpoint: Location
     #: The source schema the bronze stage stored on its first run (file sources).
-    schema_file: Path
+    schema_file: Location
 
     @classmethod
     def of(cls, spec: FlowSpec, settings: Settings) -> FlowState:
         table = (
             resolve(settings, spec.target.path)
             if spec.target.path
-            else settings.lake_dir / "bronze" / spec.target.table
+            else settings.lake / "bronze" / spec.target.table
         )
-        flow_dir = settings.checkpoints_dir / spec.name
+        flow_dir = settings.checkpoints / spec.name
         checkpoint = flow_dir / spec.target.table
         return cls(
             flow_dir=flow_dir,
@@ -69,7 +65,7 @@ class FlowState:
             schema_file=checkpoint / "source_schema.json",
         )
 
-    def stage_checkpoint(self, stage: str) -> Path:
+    def stage_checkpoint(self, stage: str) -> Location:
         """The Spark checkpoint of a stage that runs as its own query (bronze: :attr:`checkpoint`;
         ``gold.<table>.split`` and ``gold.<table>``: under ``gold/<table>/``)."""
         if is_gold_stage(stage):
@@ -78,81 +74,70 @@ class FlowState:
         return self.checkpoint if stage == BRONZE_STAGE else self.flow_dir / stage
 
     @property
-    def silver_checkpoint(self) -> Path:
+    def silver_checkpoint(self) -> Location:
         return self.stage_checkpoint(SILVER_STAGE)
 
-    def gold_checkpoint(self, gold_table: str, split: bool = False) -> Path:
+    def gold_checkpoint(self, gold_table: str, split: bool = False) -> Location:
         """The checkpoint of a gold table's stateful query, or of its split."""
         return self.stage_checkpoint(gold_stage(gold_table, split))
 
     @property
-    def gold_dir(self) -> Path:
+    def gold_dir(self) -> Location:
         """The checkpoints of every gold query of the flow (what a gold reset moves aside)."""
         return self.flow_dir / "gold"
 
-    def epoch_file(self, gold_table: str) -> Path:
+    def epoch_file(self, gold_table: str) -> Location:
         """The random id made with a gold table's split checkpoint, which tells the split's
         appends apart across a gold reset (:func:`pipelines.stages.gold.checkpoint_epoch`)."""
         return self.gold_checkpoint(gold_table, split=True) / "conflux_epoch"
 
-    def watermark_log(self, gold_table: str) -> Path:
+    def watermark_log(self, gold_table: str) -> Location:
         """The Conflux watermark a gold table's split recorded for each of its batches."""
         return self.gold_checkpoint(gold_table, split=True) / "conflux_watermark"
 
     @property
-    def refresh_checkpoint(self) -> Path:
+    def refresh_checkpoint(self) -> Location:
         """The silver checkpoint a full refresh builds (:mod:`pipelines.silver.refresh`)."""
         return self.flow_dir / "silver.refresh"
 
     @property
-    def refresh_marker(self) -> Path:
+    def refresh_marker(self) -> Location:
         """The pending full refresh, if any (its generation and phase)."""
         return self.flow_dir / "silver.refresh.json"
 
     @property
-    def identity_file(self) -> Path:
+    def identity_file(self) -> Location:
         return self.flow_dir / "identity.json"
 
     @property
-    def lease_dir(self) -> Path:
+    def lease_dir(self) -> Location:
         return self.flow_dir / "_lease"
 
     def lease_store(self) -> StoredLeaseStore:
-        return FileLeaseStore(self.lease_dir)
+        return StoredLeaseStore(self.lease_dir.uri, self.lease_dir.storage)
 
     @property
-    def control_dir(self) -> Path:
+    def control_dir(self) -> Location:
         return self.flow_dir / "_control"
 
-    def stop_file(self, owner: str) -> Path:
+    def stop_file(self, owner: str) -> Location:
         """The stop channel of one owner's run: `conflux stop` creates it, that runner stops."""
         return self.control_dir / f"stop.{owner}"
 
     @property
-    def status_file(self) -> Path:
+    def status_file(self) -> Location:
         return self.flow_dir / "_status.json"
 
     @property
-    def health_file(self) -> Path:
+    def health_file(self) -> Location:
         """The running application's heartbeat (:mod:`pipelines.health`)."""
         return self.flow_dir / "_health.json"
 
     @property
-    def archive_dir(self) -> Path:
+    def archive_dir(self) -> Location:
         return self.flow_dir / "_archive"
 
 
-def write_json_atomically(path: Path, payload: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``payload`` so that a reader never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, default=str, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(scratch)
-        raise
+def write_json_atomically(location: Location, payload: Mapping[str, Any]) -> None:
+    """Replace the file with ``payload`` so that a reader never sees a half-written file."""
+    location.write_json(payload)

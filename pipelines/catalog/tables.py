@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.catalog.roles import (
@@ -30,6 +29,7 @@ from pipelines.catalog.roles import (
     role_id,
 )
 from pipelines.catalog.state import FlowState, resolve
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, SpecError
 
@@ -61,7 +61,7 @@ class CatalogTable:
     role: TableRole
     #: The table's name (the last part of its asset key; side tables: the main name + suffix).
     name: str
-    path: Path
+    path: Location
     #: The spec section a user edits about this table, for messages (``target``,
     #: ``silver.events``, ..., ``gold``).
     spec_field: str
@@ -106,7 +106,12 @@ class CatalogTable:
     def rebuilt_location(self) -> str:
         """Where a full refresh rebuilds the table beside the live one, before swapping it in
         (:mod:`pipelines.silver.refresh`)."""
-        return f"{self.path}{REBUILT_SUFFIX}"
+        return str(self.rebuilt_path)
+
+    @property
+    def rebuilt_path(self) -> Location:
+        """:attr:`rebuilt_location` as a location."""
+        return self.path.with_suffix_appended(REBUILT_SUFFIX)
 
     def app_id(self, identity: FlowIdentity, silver_generation: int | None = None) -> str:
         """The Delta transaction app id of this table's writes.
@@ -168,7 +173,7 @@ class FlowCatalog:
         """The tables whose writes carry the batch ids of ``stage``."""
         return [t for t in self.tables if t.writer == stage]
 
-    def query_checkpoints(self) -> dict[str, Path]:
+    def query_checkpoints(self) -> dict[str, Location]:
         """The Spark checkpoint of each stage that runs a query of its own, in flow order
         (silver's only with ``chaining: stream``; fused into bronze it has none)."""
         silver = self.spec.silver
@@ -217,7 +222,7 @@ def _tables(spec: FlowSpec, settings: Settings, state: FlowState) -> Iterator[Ca
                 yield CatalogTable(
                     side,
                     f"{name}{suffix}",
-                    Path(f"{path}{suffix}"),
+                    path.with_suffix_appended(suffix),
                     main.spec_field,
                     None if side is TableRole.BACKFILLS else _writer(side, gold),
                     gold,
@@ -226,7 +231,7 @@ def _tables(spec: FlowSpec, settings: Settings, state: FlowState) -> Iterator[Ca
 
 def _placed(
     spec: FlowSpec, settings: Settings, state: FlowState, role: TableRole, gold: str | None
-) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
+) -> tuple[Location, tuple[str, ...], tuple[str, ...]]:
     """Where a declared table lives (its spec ``path``, or ``<lake>/<layer>/<table>``), the
     columns its spec section Z-orders by, and its partition columns."""
     if role is TableRole.BRONZE:
@@ -248,8 +253,8 @@ def _placed(
     return path, table.z_order_by, ()
 
 
-def _default(settings: Settings, layer: Layer, table: str, path: str | None) -> Path:
-    return resolve(settings, path) if path else settings.lake_dir / layer.value / table
+def _default(settings: Settings, layer: Layer, table: str, path: str | None) -> Location:
+    return resolve(settings, path) if path else settings.lake / layer.value / table
 
 
 def _section(role: TableRole) -> str:
@@ -266,17 +271,17 @@ def _writer(role: TableRole, gold: str | None) -> str:
     return gold_stage(gold, split=role is not TableRole.GOLD)
 
 
-def declared_paths(spec: FlowSpec, settings: Settings) -> dict[str, Path]:
+def declared_paths(spec: FlowSpec, settings: Settings) -> dict[str, Location]:
     """The location of each table the spec declares, by table id."""
     return {table.id: table.path for table in FlowCatalog.of(spec, settings).declared}
 
 
 def check_distinct_tables(specs: Iterable[FlowSpec], settings: Settings) -> None:
     """Two specs (or two roles of one) writing one table location would corrupt it: refuse."""
-    seen: dict[Path, tuple[FlowSpec, CatalogTable]] = {}
+    seen: dict[str, tuple[FlowSpec, CatalogTable]] = {}
     for spec in specs:
         for table in FlowCatalog.of(spec, settings).declared:
-            where = table.path.resolve()
+            where = str(table.path.path.resolve()) if table.path.is_local else table.path.uri
             other = seen.get(where)
             if other is not None:
                 other_spec, other_table = other

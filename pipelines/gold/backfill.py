@@ -24,7 +24,6 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -56,6 +55,7 @@ from pipelines.gold.windows import (
     window_column,
 )
 from pipelines.identity import FLOW_ID_PROPERTY, read_identity
+from pipelines.location import Location
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
 from pipelines.spec import AnyGold, FlowSpec, GoldJoinSpec, GoldSpec, duration_seconds, join_input
@@ -130,14 +130,9 @@ def check_design(
         )
 
 
-def stream_watermark_micros(checkpoint: Path) -> int | None:
+def stream_watermark_micros(checkpoint: Location) -> int | None:
     """The watermark of the stateful query's last committed batch (None: it never committed)."""
-    commits = checkpoint / "commits"
-    committed = (
-        sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-        if commits.is_dir()
-        else []
-    )
+    committed = sorted(int(name) for name in (checkpoint / "commits").names() if name.isdigit())
     if not committed:
         return None
     lines = (checkpoint / "offsets" / str(committed[-1])).read_text().splitlines()

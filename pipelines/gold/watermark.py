@@ -22,13 +22,13 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from pipelines.catalog.state import write_json_atomically
+from pipelines.location import Location
 
 #: Records kept behind the newest one (a replay reads only the one before it).
 KEEP_RECORDS = 20
@@ -73,7 +73,7 @@ class WatermarkLog:
     had a row (Spark's stays at the epoch until then)."""
 
     def __init__(
-        self, folder: Path, allowed_lateness_seconds: int, sides: Sequence[str] = (EVENTS,)
+        self, folder: Location, allowed_lateness_seconds: int, sides: Sequence[str] = (EVENTS,)
     ) -> None:
         """``folder``: the split's watermark log (:meth:`pipelines.catalog.state.FlowState.watermark_log`)."""
         self.folder = folder
@@ -81,9 +81,10 @@ class WatermarkLog:
         self.sides = tuple(sides)
 
     def _batches(self) -> list[int]:
-        if not self.folder.is_dir():
-            return []
-        return sorted(int(p.stem) for p in self.folder.glob("*.json") if p.stem.isdigit())
+        stems = [
+            name.removesuffix(".json") for name in self.folder.names() if name.endswith(".json")
+        ]
+        return sorted(int(stem) for stem in stems if stem.isdigit())
 
     def _read(self, batch_id: int) -> WatermarkRecord:
         data = json.loads((self.folder / f"{batch_id}.json").read_text())
@@ -135,5 +136,8 @@ class WatermarkLog:
             recorded: dict[str, Any] = json.loads(path.read_text())
             return recorded
         decided = decide()
-        write_json_atomically(path, decided)
+        encoded = json.dumps(decided, default=str, indent=2, sort_keys=True).encode()
+        if not path.create(encoded):  # another attempt recorded its decision first: that one holds
+            recorded = json.loads(path.read_text())
+            return recorded
         return decided

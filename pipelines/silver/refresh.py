@@ -26,10 +26,8 @@ repeatable.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 from delta.tables import DeltaTable
@@ -47,6 +45,7 @@ from pipelines.delta_writes import TableWrite, committed_write
 from pipelines.errors import ConfigError
 from pipelines.identity import read_identity, write_identity
 from pipelines.lease import FlowLease, new_owner_id, owner_details
+from pipelines.location import Location
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
@@ -102,7 +101,7 @@ def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
         generation=current + 1,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    shutil.rmtree(locations.refresh_checkpoint, ignore_errors=True)  # no half-built leftovers
+    locations.refresh_checkpoint.remove_tree()  # no half-built leftovers
     _save(locations, refresh)
     return refresh
 
@@ -149,18 +148,16 @@ def _abandon(spec: FlowSpec, settings: Settings, locations: FlowState) -> list[s
             f"flow {spec.name}: the refresh is swapping its tables in; finish it with "
             f"`conflux refresh {spec.name}`"
         )
-    twins = [t.rebuilt_location for t in swap_tables(spec, settings)]
-    removed = [str(locations.refresh_checkpoint), *twins]
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
+    removed = [locations.refresh_checkpoint, *(t.rebuilt_path for t in swap_tables(spec, settings))]
+    for location in removed:
+        location.remove_tree()
     locations.refresh_marker.unlink()
-    return [*removed, str(locations.refresh_marker)]
+    return [*map(str, removed), str(locations.refresh_marker)]
 
 
-def last_batch(checkpoint: Path) -> int | None:
+def last_batch(checkpoint: Location) -> int | None:
     """The last batch id in the checkpoint's commit log."""
-    commits = checkpoint / "commits"
-    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.exists() else []
+    ids = [int(name) for name in (checkpoint / "commits").names() if name.isdigit()]
     return max(ids) if ids else None
 
 
@@ -191,13 +188,12 @@ def complete_refresh(spark: SparkSession, spec: FlowSpec, settings: Settings) ->
     ]
     if building.exists():
         if live.exists():
-            locations.archive_dir.mkdir(parents=True, exist_ok=True)
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-            shutil.move(str(live), str(locations.archive_dir / f"silver-{stamp}"))
-        shutil.move(str(building), str(live))
+            live.move_to(locations.archive_dir / f"silver-{stamp}")
+        building.move_to(live)
     write_identity(locations, replace(identity, silver_generation=refresh.generation))
     for table in tables:
-        shutil.rmtree(table.rebuilt_location, ignore_errors=True)
+        table.rebuilt_path.remove_tree()
     locations.refresh_marker.unlink(missing_ok=True)
     return writes
 

@@ -68,8 +68,6 @@ Options
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from functools import reduce
 from itertools import chain
@@ -91,6 +89,7 @@ from pyspark.sql.types import (
 
 from pipelines.catalog.state import resolve
 from pipelines.errors import ConfigError
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import FileSource
 
@@ -113,7 +112,7 @@ GLOB_PATHS_OPTION = "__globPaths__"
 
 
 def read_files_stream(
-    spark: SparkSession, source: FileSource, settings: Settings, schema_file: Path
+    spark: SparkSession, source: FileSource, settings: Settings, schema_file: Location
 ) -> DataFrame:
     """A streaming DataFrame of the files landing in ``source.path``, typed by the stored schema.
 
@@ -135,7 +134,7 @@ def read_files_stream(
 
 def landing_folder(settings: Settings, source: FileSource) -> Path:
     """The landing folder, created if missing (a landing zone may start empty)."""
-    folder = resolve(settings, source.path)
+    folder = resolve(settings, source.path).path  # a local path: the spec refuses a URI
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -149,8 +148,8 @@ def archive_folder(settings: Settings, source: FileSource) -> Path:
     """
     if source.archive_dir is None:
         raise ValueError("the source has no archive_dir")
-    landing = resolve(settings, source.path).resolve()
-    archive = resolve(settings, source.archive_dir).resolve()
+    landing = resolve(settings, source.path).path.resolve()
+    archive = resolve(settings, source.archive_dir).path.resolve()
     if archive.is_relative_to(landing) or landing.is_relative_to(archive):
         where = "inside" if archive.is_relative_to(landing) else "a parent of"
         raise ConfigError(
@@ -188,7 +187,7 @@ def stream_options(source: FileSource, settings: Settings) -> dict[str, str]:
 
 
 def load_or_infer_schema(
-    spark: SparkSession, source: FileSource, folder: Path, schema_file: Path
+    spark: SparkSession, source: FileSource, folder: Path, schema_file: Location
 ) -> StructType:
     """The stored schema; on the first run it is inferred from the files in ``folder`` and stored."""
     if not schema_file.exists():
@@ -238,22 +237,12 @@ def check_schema(schema: StructType, where: str) -> None:
         )
 
 
-def store_schema(schema_file: Path, schema: StructType) -> None:
-    """Write ``schema`` as Spark schema JSON, atomically (temp file in the same folder + rename)."""
-    schema_file.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(
-        dir=schema_file.parent, prefix=f".{schema_file.name}.", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(schema.json())
-        os.replace(temp, schema_file)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+def store_schema(schema_file: Location, schema: StructType) -> None:
+    """Write ``schema`` as Spark schema JSON, atomically (a reader sees all of it or nothing)."""
+    schema_file.write_text(schema.json())
 
 
-def load_schema(schema_file: Path) -> StructType:
+def load_schema(schema_file: Location) -> StructType:
     """The stored schema; an unreadable file is a :class:`ConfigError` naming it."""
     try:
         schema = StructType.fromJson(json.loads(schema_file.read_text()))

@@ -24,6 +24,7 @@ from .values import (
     Interval,
     LocalPath,
     StringMap,
+    TableLocation,
     Topic,
     duration_seconds,
 )
@@ -136,8 +137,12 @@ class Target(_Model):
     """The bronze Delta table a flow writes."""
 
     table: Identifier = Field(description="Name of the bronze table.")
-    path: LocalPath | None = Field(
-        default=None, description="Location of the table; default: `<lake>/bronze/<table>`."
+    path: TableLocation | None = Field(
+        default=None,
+        description=(
+            "Location of the table: a path (absolute, or relative to the runtime folder) or "
+            "`s3a://bucket/prefix`; default: `<lake>/bronze/<table>`."
+        ),
     )
     partition_by: tuple[Identifier, ...] = Field(
         default=(),

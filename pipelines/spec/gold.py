@@ -24,7 +24,7 @@ from pydantic import (
 from .base import _error, _Model
 from .columns import GOLD_METADATA_COLUMNS, JOIN_METADATA_COLUMNS
 from .table import SilverTable
-from .values import IDENTIFIER_RE, Cron, Duration, Identifier, LocalPath, duration_seconds
+from .values import IDENTIFIER_RE, Cron, Duration, Identifier, TableLocation, duration_seconds
 
 #: ``gold[].aggregates[].function`` -> whether it needs a column.
 AGGREGATE_FUNCTIONS = {
@@ -85,8 +85,12 @@ class LateTable(_Model):
     """The late-data table of a gold stage."""
 
     table: Identifier = Field(description="Name of the table.")
-    path: LocalPath | None = Field(
-        default=None, description="Location of the table; default: `<lake>/gold/<table>`."
+    path: TableLocation | None = Field(
+        default=None,
+        description=(
+            "Location of the table: a path (absolute, or relative to the runtime folder) or "
+            "`s3a://bucket/prefix`; default: `<lake>/gold/<table>`."
+        ),
     )
 
 
@@ -109,8 +113,12 @@ class _GoldTable(SilverTable):
         )
     )
 
-    path: LocalPath | None = Field(
-        default=None, description="Location of the table; default: `<lake>/gold/<table>`."
+    path: TableLocation | None = Field(
+        default=None,
+        description=(
+            "Location of the table: a path (absolute, or relative to the runtime folder) or "
+            "`s3a://bucket/prefix`; default: `<lake>/gold/<table>`."
+        ),
     )
     description: StrictStr = Field(default="", description="What the table holds, for people.")
     allowed_lateness: Duration = Field(

@@ -11,7 +11,7 @@ from pydantic import Field, StrictBool, field_validator, model_validator
 
 from .base import _error, _Model
 from .expectations import TableSuite
-from .values import Identifier, LocalPath, StringMap, _days
+from .values import Identifier, StringMap, TableLocation, _days
 
 #: Table properties a spec field of its own sets (``properties`` may not set them too).
 FEATURE_PROPERTIES = {
@@ -32,8 +32,12 @@ class SilverTable(_Model):
     """
 
     table: Identifier = Field(description="Name of the table.")
-    path: LocalPath | None = Field(
-        default=None, description="Location of the table; default: `<lake>/silver/<table>`."
+    path: TableLocation | None = Field(
+        default=None,
+        description=(
+            "Location of the table: a path (absolute, or relative to the runtime folder) or "
+            "`s3a://bucket/prefix`; default: `<lake>/silver/<table>`."
+        ),
     )
     change_data_feed: StrictBool | None = Field(
         default=None,

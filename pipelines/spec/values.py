@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any
+from urllib.parse import urlparse
 
 from pydantic import AfterValidator, BeforeValidator, StrictStr, WithJsonSchema
 
@@ -51,13 +52,27 @@ def _retention(value: str) -> str:
 
 
 def _local_path(value: str) -> str:
-    """Paths are local or on a mounted shared filesystem for now: the lease, identity and stop
-    files beside a flow's checkpoint need one. Refuse a URI instead of misreading it."""
+    """A landing folder is read with the local filesystem's listing (and files are moved out of
+    it): refuse a URI instead of misreading it."""
     if "://" in value:
         raise _error(
-            f"{value!r} is a URI; Conflux reads and writes local or mounted paths only so far "
-            "(mount the bucket, e.g. with a FUSE or NFS gateway, and give its path)"
+            f"{value!r} is a URI; a landing folder is a local or mounted path so far (mount the "
+            "bucket, e.g. with a FUSE or NFS gateway, and give its path)"
         )
+    return value
+
+
+def _table_location(value: str) -> str:
+    """A table's location: a path, or a URI on a store Conflux can commit to exactly once (the
+    rule of :func:`pipelines.location.normalize`, checked here to name the spec's field)."""
+    scheme = urlparse(value).scheme
+    if scheme not in ("", "file", "s3a", "s3") or (scheme and "://" not in value):
+        raise _error(
+            f"{value!r}: Conflux keeps tables on the local disk (a path) or on an S3-compatible "
+            f"store (s3a://bucket/prefix), not on {scheme or value.partition(':')[0]}:"
+        )
+    if scheme in ("s3a", "s3") and not value.partition("://")[2].partition("/")[0]:
+        raise _error(f"{value!r} names no bucket; give s3a://bucket/prefix")
     return value
 
 
@@ -103,6 +118,8 @@ Topic = Annotated[StrictStr, AfterValidator(_topic), _string(TOPIC_RE)]
 Interval = Annotated[StrictStr, AfterValidator(_interval), _string(INTERVAL_RE)]
 Retention = Annotated[StrictStr, AfterValidator(_retention), _string(RETENTION_RE)]
 LocalPath = Annotated[StrictStr, AfterValidator(_local_path), _string()]
+#: A table's location: a path (absolute, or relative to the runtime folder) or an s3a:// URI.
+TableLocation = Annotated[StrictStr, AfterValidator(_table_location), _string()]
 TransformRef = Annotated[StrictStr, AfterValidator(_transform), _string(TRANSFORM_RE)]
 Cron = Annotated[StrictStr, AfterValidator(_cron), _string(CRON_RE)]
 SqlFragment = Annotated[StrictStr, AfterValidator(_sql_fragment), _string(minLength=1)]

@@ -8,12 +8,12 @@ Adding a kind of stage means a module here with a class that fits :class:`Stage`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.delta_writes import TableWrite
+from pipelines.location import Location
 from pipelines.progress import BatchCommit
 
 
@@ -33,7 +33,7 @@ class Stage(Protocol):
     #: that runs them too starts the stage after their silver stages caught up.
     reads_flows: tuple[str, ...]
     #: The Spark checkpoint whose batch ids the stage's writes are idempotent under.
-    checkpoint: Path
+    checkpoint: Location
     #: The table whose version progress reports (bronze: its table; silver: current or events).
     main_table: str
     #: Role (bronze, events, current, quarantine) -> (table name, path) of the tables it writes.

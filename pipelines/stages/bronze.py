@@ -22,7 +22,6 @@ Delta skipped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from delta.tables import DeltaTable
@@ -39,6 +38,7 @@ from pipelines.delta_writes import (
 )
 from pipelines.identity import FlowIdentity, resolve_identity, write_identity
 from pipelines.lease import LeaseGuard
+from pipelines.location import Location
 from pipelines.progress import BatchCommit
 from pipelines.settings import Settings
 from pipelines.sources import SourceReader, source_reader
@@ -81,7 +81,7 @@ class BronzeStage:
         self.query_name = spec.name
         self.tables = {role_id(TableRole.BRONZE): (spec.target.table, self.table_path)}
         self.main_table = self.table_path
-        self.checkpoint: Path = self.locations.checkpoint
+        self.checkpoint: Location = self.locations.checkpoint
         self.identity: FlowIdentity | None = None
         self._stream: DataFrame | None = None
 

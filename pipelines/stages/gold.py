@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -41,7 +40,6 @@ from pyspark.sql.types import StructField, StructType, TimestampType
 
 from pipelines.catalog.lifecycle import TableDesign, ddl_struct, ensure_table
 from pipelines.catalog.roles import TableRole, gold_quarantine_id, gold_stage
-from pipelines.catalog.state import write_json_atomically
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
 from pipelines.delta_writes import (
     TableWrite,
@@ -80,6 +78,7 @@ from pipelines.identity import (
     read_identity,
 )
 from pipelines.lease import LeaseGuard
+from pipelines.location import Location
 from pipelines.messages import GoldQuality
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
@@ -90,13 +89,12 @@ from pipelines.stages.base import QueryStage
 WHOLE_VERSIONS = "1000000"
 
 
-def checkpoint_epoch(epoch_file: Path) -> str:
+def checkpoint_epoch(epoch_file: Location) -> str:
     """A random id made with the split checkpoint (kept in it: :meth:`FlowState.epoch_file`).
     The flow's quarantine outlives a ``reset --stage gold``, whose new checkpoint restarts batch
     ids at 0: its appends from the new checkpoint carry a new app id, so Delta does not skip them
     as replays."""
-    if not epoch_file.exists():
-        write_json_atomically(epoch_file, {"epoch": uuid.uuid4().hex[:12]})
+    epoch_file.create(json.dumps({"epoch": uuid.uuid4().hex[:12]}).encode())  # if absent
     return str(json.loads(epoch_file.read_text())["epoch"])
 
 
@@ -132,7 +130,7 @@ class _GoldBase(QueryStage):
         self.query_name = f"{spec.name}.{kind}"
         self.catalog = FlowCatalog.of(spec, settings)
         self.locations = self.catalog.state
-        self.checkpoint: Path = self.locations.stage_checkpoint(kind)
+        self.checkpoint: Location = self.locations.stage_checkpoint(kind)
         self.events_path = self.catalog.table(TableRole.EVENTS).location
         self.quarantine = self.catalog.table(TableRole.QUARANTINE)
         self.quarantine_path = self.quarantine.location

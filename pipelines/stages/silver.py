@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -52,6 +51,7 @@ from pipelines.identity import (
     read_identity,
 )
 from pipelines.lease import LeaseGuard
+from pipelines.location import Location
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
 from pipelines.silver import current as current_state
@@ -139,7 +139,7 @@ class SilverStage(SilverDesign, QueryStage):
         else:
             refuse_pending(spec, settings)
             self.refresh = None
-        self.checkpoint: Path = (
+        self.checkpoint: Location = (
             self.locations.silver_checkpoint if self.own_query else self.locations.checkpoint
         )
         if self.refresh is not None:

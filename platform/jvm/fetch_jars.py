@@ -1,16 +1,21 @@
 """Fetch the pinned JVM jars once, from Maven Central, into the git-ignored jars folder.
 
-Usage: ``python platform/jvm/fetch_jars.py [--force]`` (``make setup`` runs it).
+Usage: ``python platform/jvm/fetch_jars.py [--force]`` (``make jars`` and ``make setup`` run it).
 
-Closed sets, a folder each, never mixed on one classpath:
+Closed sets, a folder each; only ``spark`` and ``s3a`` share a classpath (Spark's):
 
 * ``<jars>/spark``: Delta and the Kafka connector, minus every artifact the pyspark wheel already
   ships (Spark's own jars win over ``spark.jars``, so a duplicate is dead weight or a conflict).
 * ``<jars>/kafka``: the Apache Kafka broker and its log4j binding, for the broker's own JVM.
 * ``<jars>/s3proxy``: the local S3-compatible store (``platform/s3/store.py``), its own JVM.
+* ``<jars>/s3a``: Hadoop's S3A connector and the AWS SDK modules it needs (not the 640 MB SDK
+  bundle), on Spark's classpath beside ``<jars>/spark``, so also minus pyspark's artifacts.
 
 A folder is fetched again only when its POM changed (its SHA-256 is recorded beside the jars),
-so Spark and the broker start offline and never download anything.
+so Spark and the broker start offline and never download anything. Then
+``platform/jvm/build_storage.py`` compiles Conflux's storage classes (the conditional-PUT Delta
+log store and checkpoint manager) against those jars into ``<jars>/conflux/conflux-storage.jar``,
+again only when their sources changed.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # build_storage.py, beside this file
+
+from build_storage import build_storage_jar
 
 from pipelines.errors import ConfigError
-from pipelines.jvm import check_java
+from pipelines.jvm import S3A_JARS, check_java
 from pipelines.settings import load_settings
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +43,10 @@ JAR_SETS = {
     "spark": HERE / "spark" / "pom.xml",
     "kafka": HERE / "kafka" / "pom.xml",
     "s3proxy": HERE / "s3proxy" / "pom.xml",
+    S3A_JARS: HERE / "s3a" / "pom.xml",
 }
+#: Sets that go on Spark's classpath: the pyspark wheel's jars win there, so a copy is dropped.
+ON_SPARK_CLASSPATH = frozenset({"spark", S3A_JARS})
 _ARTIFACT_RE = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
 STAMP = ".pom.sha256"
 MANIFEST = "MANIFEST.txt"
@@ -89,7 +100,7 @@ def fetch_set(name: str, pom: Path, jars_dir: Path, force: bool) -> list[str]:
     staging = jars_dir / f".{name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     maven_copy_dependencies(pom, staging)
-    skip = pyspark_artifacts() if name == "spark" else set()
+    skip = pyspark_artifacts() if name in ON_SPARK_CLASSPATH else set()
     for jar in staging.glob("*.jar"):
         if artifact_name(jar.name) in skip:
             jar.unlink()
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         jars_dir.mkdir(parents=True, exist_ok=True)
         for name, pom in JAR_SETS.items():
             fetch_set(name, pom, jars_dir, args.force)
+        build_storage_jar(jars_dir, args.force)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

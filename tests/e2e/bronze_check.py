@@ -4,24 +4,24 @@ Delta log and the Parquet files itself, so a check never trusts the engine that 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+
+from tests.support.delta_read import TableRef, delta_table
 
 
 def read_bronze(
-    table: Path, columns: tuple[str, ...] = ("partition", "offset", "value")
+    table: TableRef, columns: tuple[str, ...] = ("partition", "offset", "value")
 ) -> pa.Table:
-    return DeltaTable(str(table)).to_pyarrow_table(columns=list(columns))
+    return delta_table(table).to_pyarrow_table(columns=list(columns))
 
 
-def bronze_version(table: Path) -> int:
-    return int(DeltaTable(str(table)).version())
+def bronze_version(table: TableRef) -> int:
+    return int(delta_table(table).version())
 
 
-def bronze_rows(table: Path) -> int:
+def bronze_rows(table: TableRef) -> int:
     """Rows in the table now (0 before its first commit)."""
     try:
         return read_bronze(table, ("offset",)).num_rows
@@ -29,7 +29,7 @@ def bronze_rows(table: Path) -> int:
         return 0
 
 
-def assert_exactly_once(table: Path, produced: list[tuple[bytes, bytes]]) -> None:
+def assert_exactly_once(table: TableRef, produced: list[tuple[bytes, bytes]]) -> None:
     """Every produced record is in the table once: no loss, no duplicate, values unchanged."""
     rows = read_bronze(table)
     coordinates = Counter(

@@ -117,8 +117,6 @@ def test_a_silver_flow_materializes_every_table_it_writes(
     """One run of a flow with a silver stage: bronze, events, current state and quarantine each
     get a materialization whose rows and Delta version are what delta-rs finds; the stream's
     checks (rows accounted, one per expectation) are evaluated per batch and once for the run."""
-    from deltalake import DeltaTable
-
     from pipelines.catalog.tables import declared_paths
     from tests.support.cdc import (
         ChangeEvent,
@@ -130,7 +128,7 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         records,
         schema_breakers,
     )
-    from tests.support.delta_read import read_arrow
+    from tests.support.delta_read import delta_table, read_arrow
 
     delivered = delivery_order(generate_events(200, 11), 11)
     unknown_tier = expectation_breakers()[0]
@@ -225,7 +223,7 @@ def test_a_silver_flow_materializes_every_table_it_writes(
         }
         assert set(by_key) == set(keys.values())
         for role, key in keys.items():
-            table = DeltaTable(str(paths[role]))
+            table = delta_table(paths[role])
             assert by_key[key]["delta_version"] == table.version(), role
         current = read_arrow(paths["current"], ["id"])  # deletion vectors: QueryBuilder
         assert by_key[keys["bronze"]]["rows_written"] == len(sent)

@@ -24,6 +24,7 @@ from dagster import AssetKey, DagsterEventType, DagsterRunStatus, EventRecordsFi
 
 from pipelines.catalog.state import FlowState
 from pipelines.health import flow_health
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
@@ -99,7 +100,7 @@ def newest_verdict(ui: DagsterUI, flow: str, **wanted: Any) -> dict[str, Any] | 
     return None
 
 
-def kill_application(lease_dir: Path) -> str:
+def kill_application(lease_dir: Location) -> str:
     """SIGKILL the flow's Spark application (its spark-submit JVM's process group)."""
     term = latest_term(lease_dir)
     assert term is not None and not term.released

@@ -37,11 +37,11 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 import yaml
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.catalog.state import FlowState
 from pipelines.launcher import FlowApplication
+from pipelines.location import Location
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -62,6 +62,7 @@ from tests.support.chaos import (
     kill_now,
     seed_from_env,
 )
+from tests.support.delta_read import delta_table
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runner import RunnerProcess
 from tests.support.runtime import KafkaBroker, settings_env
@@ -232,7 +233,7 @@ class TestKafkaBronzeExactlyOnce:
         assert sorted(v for _app, v in txn_commits) == files.committed_batches()
 
         # The rows, read by delta-rs: every record once, byte for byte.
-        table = DeltaTable(str(files.table)).to_pyarrow_table(
+        table = delta_table(files.table).to_pyarrow_table(
             columns=["topic", "partition", "offset", "key", "value"]
         )
         assert table.num_rows == RECORDS
@@ -253,7 +254,9 @@ def rows_committed(files: FlowFiles) -> int:
     return rows
 
 
-def crash_and_restart(spec_file: Path, settings: Settings, logs: Path, spark: SparkSession) -> Path:
+def crash_and_restart(
+    spec_file: Path, settings: Settings, logs: Path, spark: SparkSession
+) -> Location:
     """Run the flow continuously, SIGKILL it at random moments, let it catch up; return the table.
 
     The killed runs are separate processes (a kill is what is tested); the catch-up runs

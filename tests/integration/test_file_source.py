@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import StructType
 
 from pipelines.errors import ConfigError
+from pipelines.location import Location
 from pipelines.settings import Settings, load_settings
 from pipelines.sources.files import load_schema, local_path, prepare_batch, read_files_stream
 from pipelines.spark import get_spark_session
@@ -56,7 +57,7 @@ class Flow:
         root = settings.runtime_dir
         self.landing = root / source.path
         self.checkpoint = root / "checkpoints" / "flow"
-        self.schema_file = self.checkpoint / "source_schema.json"
+        self.schema_file = Location.local(self.checkpoint / "source_schema.json")
         self.table = root / "lake" / "bronze" / "flow"
 
     def drop(self, name: str, text: str) -> Path:

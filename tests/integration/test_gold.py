@@ -11,7 +11,8 @@ per query, so the watermark of every batch is known from the events sent before 
   the watermark: a row is late when its event time is not above the watermark.
 
 The allowed lateness is 5 minutes, so the watermark is the newest event time sent in earlier runs
-minus 5 minutes.
+minus 5 minutes. That test keeps its tables and checkpoints on the module's S3 store; the kill test
+below, on the local disk.
 """
 
 from __future__ import annotations
@@ -127,8 +128,10 @@ def late_keys(settings: Settings, table: str) -> list[tuple[int, int]]:
 
 
 def test_late_rows_are_captured_and_backfills_reconcile_them(
-    spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+    spark: SparkSession, store_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
+    """On the module's S3 store (tables and checkpoints): the local disk runs the same code in the
+    other gold tests; here the conditional-write classes carry every commit too."""
     topic = "gold_shop"
     create_topic(kafka_broker.bootstrap_servers, topic, partitions=2)
     spec = gold_spec(tmp_path, topic)
@@ -140,7 +143,7 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
             sent[partition] += [(len(sent[partition]) + i, o) for i, o in enumerate(orders)]
         reporter = RecordingReporter()
         assert (
-            run_flows([spec], spark_settings, reporter, StopRequest(None), spark=spark) == EXIT_OK
+            run_flows([spec], store_settings, reporter, StopRequest(None), spark=spark) == EXIT_OK
         )
         return reporter
 
@@ -174,9 +177,9 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
     )
 
     # partition 0: offsets 0..5 (run 1), 6..9 (run 2), 10..11 (run 3); partition 1: 0..1, 2..3, 4
-    assert late_keys(spark_settings, "revenue_late") == [(0, 6), (0, 10), (0, 11)]
-    assert late_keys(spark_settings, "orders_5m_late") == [(0, 6), (0, 7), (0, 8), (0, 10), (0, 11)]
-    quarantine = read_rows(silver_path(spark_settings, "silver_shop_quarantine"))
+    assert late_keys(store_settings, "revenue_late") == [(0, 6), (0, 10), (0, 11)]
+    assert late_keys(store_settings, "orders_5m_late") == [(0, 6), (0, 7), (0, 8), (0, 10), (0, 11)]
+    quarantine = read_rows(silver_path(store_settings, "silver_shop_quarantine"))
     reasons = sorted((r["offset"], r["reasons"][0]) for r in quarantine)
     assert reasons == [
         (4, "gold orders_5m: event time ts is null"),
@@ -207,10 +210,10 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
     valid = [
         (p, off, o) for p, rows in sent.items() for off, o in rows if o["ts"] not in (None, future)
     ]
-    late_revenue = set(late_keys(spark_settings, "revenue_late"))
-    late_dedup = set(late_keys(spark_settings, "orders_5m_late"))
-    revenue_path = gold_path(spark_settings, "revenue")
-    dedup_path = gold_path(spark_settings, "orders_5m")
+    late_revenue = set(late_keys(store_settings, "revenue_late"))
+    late_dedup = set(late_keys(store_settings, "orders_5m_late"))
+    revenue_path = gold_path(store_settings, "revenue")
+    dedup_path = gold_path(store_settings, "orders_5m")
     on_time = [o for p, off, o in valid if (p, off) not in late_revenue]
     assert read_gold(revenue_path, ["product"]) == expected_gold(on_time, TEN, None, ["product"])
     first_of_each: dict[int, dict[str, Any]] = {}
@@ -221,17 +224,17 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
 
     # the day is still open (watermark 11:25 on 2026-11-20): refused, nothing changes
     with pytest.raises(BackfillRefusedError, match="2026-11-20 is still open"):
-        backfill(spark, spec, spark_settings, "revenue", date(2026, 11, 20), date(2026, 11, 20))
+        backfill(spark, spec, store_settings, "revenue", date(2026, 11, 20), date(2026, 11, 20))
 
     run({1: [order(16, 15 * 60, "b", 1.0)]})  # 2026-11-21 01:00: the 20th closes
     for table in ("revenue", "orders_5m"):
         result = backfill(
-            spark, spec, spark_settings, table, date(2026, 11, 20), date(2026, 11, 20)
+            spark, spec, store_settings, table, date(2026, 11, 20), date(2026, 11, 20)
         )
         assert result.late_rows_covered == (3 if table == "revenue" else 5)
-        again = backfill(spark, spec, spark_settings, table, date(2026, 11, 20), date(2026, 11, 20))
+        again = backfill(spark, spec, store_settings, table, date(2026, 11, 20), date(2026, 11, 20))
         assert (again.gold_rows, again.rows_reflected) == (result.gold_rows, result.rows_reflected)
-        left = unreconciled(spark, spec, spark_settings, table)
+        left = unreconciled(spark, spec, store_settings, table)
         assert left.count() == 0
 
     day = [o for _p, _off, o in valid if o["ts"].date() == date(2026, 11, 20)]
@@ -368,7 +371,7 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
 
     # every event once: in the input the stateful query read, or in the late table
     coordinates = ["_source_partition", "_source_offset"]
-    input_rows = read_rows(f"{chaos_path}__input", coordinates)
+    input_rows = read_rows(chaos_path.with_suffix_appended("__input"), coordinates)
     late_rows = read_rows(gold_path(settings, "chaos_revenue_late"), coordinates)
     landed = sorted(
         (r["_source_partition"], r["_source_offset"]) for r in (*input_rows, *late_rows)

@@ -24,6 +24,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.gold.backfill import BackfillRefusedError, backfill, unreconciled
+from pipelines.location import Location
 from pipelines.messages import GoldQuality
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -305,7 +306,7 @@ def test_a_continuous_join_beside_its_split_drops_nothing_the_split_let_through(
     orders: list[dict[str, Any]] = []
     payments: list[dict[str, Any]] = []
     reporter = RecordingReporter()
-    stop_file = tmp_path / "live.stop"
+    stop_file = Location.local(tmp_path / "live.stop")
     outcome: dict[str, Any] = {}
 
     def run() -> None:

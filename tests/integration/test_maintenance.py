@@ -33,11 +33,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import QueryBuilder
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from pipelines.catalog.tables import declared_paths
+from pipelines.location import Location
 from pipelines.maintenance import (
     TableReport,
     maintain_flow,
@@ -56,6 +57,7 @@ from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.integration.test_source_faults import background_flow
+from tests.support.delta_read import delta_table
 from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
 
@@ -100,37 +102,39 @@ def flow(with_silver: bool = True) -> dict[str, Any]:
 # --- reading the tables and their logs, without Spark ----------------------------------------------
 
 
-def commits(table: Path) -> list[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+def commits(table: Location) -> list[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
     """(version, commitInfo, add actions) of every commit file in the table's log."""
+    log = table / "_delta_log"
     result = []
-    for log_file in sorted((table / "_delta_log").glob("*.json")):
-        if not log_file.stem.isdigit():
+    for name in log.names():  # sorted
+        stem = name.removesuffix(".json")
+        if stem == name or not stem.isdigit():
             continue
         info: dict[str, Any] = {}
         adds = []
-        for line in log_file.read_text().splitlines():
+        for line in (log / name).read_text().splitlines():
             action = json.loads(line)
             info = action.get("commitInfo", info)
             if "add" in action:
                 adds.append(action["add"])
-        result.append((int(log_file.stem), info, adds))
+        result.append((int(stem), info, adds))
     return result
 
 
-def rows(table: Path, order_by: str, version: int | None = None) -> list[dict[str, Any]]:
+def rows(table: Location, order_by: str, version: int | None = None) -> list[dict[str, Any]]:
     """The table's rows at ``version`` (default latest) as delta-rs reads them (its QueryBuilder:
     deletion vectors too), ordered."""
-    delta = DeltaTable(str(table)) if version is None else DeltaTable(str(table), version=version)
+    delta = delta_table(table, version)
     query = f"SELECT * FROM t ORDER BY {order_by}"
     return pa.table(QueryBuilder().register("t", delta).execute(query).read_all()).to_pylist()
 
 
-def bronze_offsets(table: Path) -> list[int]:
-    return sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["offset"])["offset"].to_pylist())
+def bronze_offsets(table: Location) -> list[int]:
+    return sorted(delta_table(table).to_pyarrow_table(columns=["offset"])["offset"].to_pylist())
 
 
-def event_offsets(table: Path) -> list[int]:
-    if not (table / "_delta_log").is_dir():
+def event_offsets(table: Location) -> list[int]:
+    if not (table / "_delta_log").exists():
         return []
     return [r["_source_offset"] for r in rows(table, "_source_offset")]
 
@@ -144,7 +148,7 @@ def parsed_offsets(total_valid: int) -> list[int]:
     return [i if i < FIRST else i + len(BAD) for i in range(total_valid)]
 
 
-def assert_optimize_kept_the_data(table: Path, order_by: str) -> int:
+def assert_optimize_kept_the_data(table: Location, order_by: str) -> int:
     """Every OPTIMIZE commit of ``table`` holds the rows of the version before it in no more
     files; returns how many of them dropped the file count.
 
@@ -158,7 +162,7 @@ def assert_optimize_kept_the_data(table: Path, order_by: str) -> int:
         assert rows(table, order_by, version) == rows(table, order_by, version - 1), (
             f"{table}: OPTIMIZE at version {version} changed the data"
         )
-        files = [len(DeltaTable(str(table), version=v).file_uris()) for v in (version - 1, version)]
+        files = [len(delta_table(table, v).file_uris()) for v in (version - 1, version)]
         assert files[1] <= files[0], f"{table}: OPTIMIZE at version {version}: {files} files"
         dropped += files[1] < files[0]
     return dropped
@@ -258,15 +262,15 @@ def test_maintenance_beside_a_running_flow(
 
     assert reports["bronze"].ok and reports["bronze"].optimized, reports["bronze"].summary()
     assert reports["bronze"].vacuumed and reports["bronze"].retention_hours >= 7 * 24
-    live = {Path(uri).name for uri in DeltaTable(str(bronze)).file_uris()}
+    live = {Path(uri).name for uri in delta_table(bronze).file_uris()}
     assert live.isdisjoint(Path(f).name for f in needed)  # OPTIMIZE replaced them
     assert [f for f in needed if not (bronze / f).exists()] == []  # VACUUM kept them
     assert reports["current"].ok and reports["current"].optimized  # Z-ordered by name
     assert rows(current, "id") == current_before
 
     copy, checkpoint_copy = tmp_path / "bronze_copy", tmp_path / "silver_checkpoint_copy"
-    shutil.copytree(bronze, copy)
-    shutil.copytree(reader.checkpoint, checkpoint_copy)
+    shutil.copytree(Path(bronze), copy)  # the flow's local lake and checkpoints (spark_settings)
+    shutil.copytree(Path(reader.checkpoint), checkpoint_copy)
     assert_unsafe_vacuum_breaks_the_stream(spark, copy, checkpoint_copy, needed)
 
     assert run_once(spark, spark_settings, spec) == EXIT_OK  # silver catches up
@@ -283,7 +287,7 @@ def run_once(spark: SparkSession, settings: Settings, spec: FlowSpec) -> int:
     return run_flows([spec], settings, Reporter(), StopRequest(None), "available_now", spark=spark)
 
 
-def needed_files(table: Path, position: int) -> list[str]:
+def needed_files(table: Location, position: int) -> list[str]:
     """The data files a Delta stream at ``position`` still reads: added with a data change at or
     after it."""
     return [

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deltalake import DeltaTable
 
 from pipelines.catalog.state import FlowState
-from pipelines.lease import FileLeaseStore
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.spec import load_spec
+from tests.support.delta_read import delta_table
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runtime import KafkaBroker, settings_env
 
@@ -38,10 +38,10 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def batch_in_flight(checkpoint: Path) -> int | None:
+def batch_in_flight(checkpoint: Location) -> int | None:
     """A batch whose offsets are logged and whose commit is not: it is running now."""
-    offsets = {int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*")}
-    commits = {int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")}
+    offsets = {int(name) for name in (checkpoint / "offsets").names() if name.isdigit()}
+    commits = {int(name) for name in (checkpoint / "commits").names() if name.isdigit()}
     running = offsets - commits
     return max(running) if running else None
 
@@ -162,14 +162,14 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     assert "SIGINT: stopping after the in-flight batch commits" in output
     assert "stopping gracefully" in output
     assert (locations.checkpoint / "commits" / str(inflight[0])).exists(), "in-flight batch lost"
-    lease = FileLeaseStore(locations.lease_dir).latest()
+    lease = locations.lease_store().latest()
     assert lease is not None and lease.released, "the launcher releases the lease at exit"
 
     # A new continuous run catches up and is stopped through the stop channel.
     again = Cli(env, tmp_path / "again.log", "run", "one_writer", "--continuous")
-    table = str(locations.table)
+    table = locations.table
     wait_for(
-        lambda: DeltaTable(table).to_pyarrow_table(columns=["offset"]).num_rows >= RECORDS,
+        lambda: delta_table(table).to_pyarrow_table(columns=["offset"]).num_rows >= RECORDS,
         300,
         "catching up",
     )
@@ -177,7 +177,7 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     assert stop.returncode == 0 and "flow one_writer stopped" in stop.stdout, stop.stdout
     assert again.wait(timeout=120) == 0, again.output()[-4000:]
 
-    rows = DeltaTable(table).to_pyarrow_table(columns=["key", "value", "partition", "offset"])
+    rows = delta_table(table).to_pyarrow_table(columns=["key", "value", "partition", "offset"])
     assert rows.num_rows == RECORDS
     coordinates = set(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True))
     assert len(coordinates) == RECORDS

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.catalog.tables import declared_paths
@@ -37,7 +36,7 @@ from pipelines.spec import FlowSpec, load_spec
 from quality.checks import accounting_problems
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.integration.test_source_faults import RecordingReporter, background_flow
-from tests.support.delta_read import read_rows
+from tests.support.delta_read import delta_table, read_rows
 from tests.support.kafka import (
     LARGE_RECORD_PRODUCER_CONFIG,
     LARGE_RECORD_TOPIC_CONFIG,
@@ -205,7 +204,7 @@ def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
     expectation = {"name": "positive_amount", "expr": "amount > 0", "action": "fail"}
     flow = quality_flow("quality_fail", topic, [expectation], "available_now")
     spec = load_spec(write_spec(tmp_path / "flows", flow))
-    paths = {role: str(p) for role, p in declared_paths(spec, spark_settings).items()}
+    paths = declared_paths(spec, spark_settings)
 
     def run() -> tuple[int, RecordingReporter]:
         reporter = RecordingReporter()
@@ -215,7 +214,7 @@ def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
         return code, reporter
 
     def versions() -> dict[str, int]:
-        return {role: DeltaTable(p).version() for role, p in paths.items()}
+        return {role: delta_table(p).version() for role, p in paths.items()}
 
     produce(kafka_broker.bootstrap_servers, topic, [(b"k", v) for v in good(1, 3)], partition=0)
     code, _ = run()
@@ -402,12 +401,12 @@ def test_rescue_quarantine_and_fail_policies(
     assert json.loads(events[3]) == {"extra": 1, "nested": {"a": [1, "x"]}}
     current = {r["id"]: r["_rescued_data"] for r in read_rows(rescue_paths["current"])}
     assert json.loads(current[3]) == {"extra": 1, "nested": {"a": [1, "x"]}}
-    strict_paths = {role: str(p) for role, p in declared_paths(strict, spark_settings).items()}
+    strict_paths = declared_paths(strict, spark_settings)
     quarantined = {r["offset"]: r["reasons"] for r in read_rows(strict_paths["quarantine"])}
     assert quarantined == {2: ["undeclared columns (schema_changes.new_columns): extra, nested"]}
 
     def versions() -> dict[str, int]:
-        return {role: DeltaTable(p).version() for role, p in strict_paths.items()}
+        return {role: delta_table(p).version() for role, p in strict_paths.items()}
 
     before = versions()
     produce(
@@ -452,7 +451,7 @@ def test_rescue_quarantine_and_fail_policies(
     error = " ".join(reporter.errors)
     assert "max_new_columns (1)" in error and "(extra, nested)" in error, error
     wide_events = declared_paths(wide, spark_settings)["events"]
-    assert DeltaTable(str(wide_events)).version() == 0  # created at start, never written
+    assert delta_table(wide_events).version() == 0  # created at start, never written
 
     # Debezium: images carry every column, so a missing one was dropped upstream.
     cdc_topic = "quality_cdc_schema"

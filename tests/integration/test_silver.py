@@ -22,6 +22,11 @@ writing the events table, the quarantine and the current-state table (keyed by `
    table holds every transaction ``(appId, version)`` in exactly one MERGE commit: the replays
    were skipped.
 
+The kill test keeps its tables and checkpoints on the module's S3 store in the suite (the same
+Spark, Delta and kill windows as on a local disk, plus Conflux's conditional-write log store and
+checkpoint manager, and every Delta commit and offset / commit-log file is checked to carry a
+writer id), and runs on both the local disk and the store under ``make chaos``.
+
 Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 10,000) for the first test,
 ``SILVER_KILL_KEYS`` (2,000, produced in three tranches, one before each killed run, so every
 run has fresh batches to kill in; the third feeds the catch-up, or ``make chaos``'s third kill) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small
@@ -39,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.catalog.state import FlowState
+from pipelines.location import Location
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
@@ -78,7 +83,7 @@ from tests.support.chaos import (
     kill_mid_batch,
     seed_from_env,
 )
-from tests.support.delta_read import read_rows
+from tests.support.delta_read import delta_table, read_rows
 from tests.support.runtime import KafkaBroker
 from tests.support.tables import silver_path
 
@@ -92,6 +97,16 @@ TRIES = 6
 STAGE = "silver"
 #: The history table's tracked columns: an update of ``name`` alone opens no version.
 TRACKED = ("email", "tier")
+#: Where the kill test runs (see the module doc).
+KILL_LAKES = ("local", "store") if FULL_SCHEDULE else ("store",)
+
+
+@pytest.fixture(params=KILL_LAKES)
+def kill_lake(request: pytest.FixtureRequest, spark_settings: Settings) -> tuple[str, Settings]:
+    """(``local`` or ``store``, the settings whose lake and checkpoints are there)."""
+    if request.param == "local":
+        return request.param, spark_settings
+    return request.param, request.getfixturevalue("store_settings")
 
 
 # --- the flow and its stream ------------------------------------------------------------------
@@ -146,11 +161,11 @@ def silver_flow(name: str, topic: str, trigger: dict[str, str], **source: object
 class SilverPaths:
     """Where a flow's silver stage keeps its tables and its checkpoint."""
 
-    events: Path
-    quarantine: Path
-    current: Path
-    history: Path
-    checkpoint: Path
+    events: Location
+    quarantine: Location
+    current: Location
+    history: Location
+    checkpoint: Location
     current_table: str
     history_table: str
 
@@ -169,7 +184,7 @@ class SilverPaths:
         )
 
     @property
-    def deleted_keys(self) -> Path:
+    def deleted_keys(self) -> Location:
         return self.current.parent / f"{self.current.name}__deleted_keys"
 
     def merge_files(self) -> FlowFiles:
@@ -184,7 +199,7 @@ class SilverPaths:
         return FlowFiles(self.history, self.checkpoint)
 
 
-def rows(path: Path, columns: list[str]) -> list[dict[str, Any]]:
+def rows(path: Location, columns: list[str]) -> list[dict[str, Any]]:
     """The table's rows as read by delta-rs (its QueryBuilder: deletion vectors)."""
     return read_rows(path, columns)
 
@@ -430,7 +445,7 @@ class TestSilverCurrentState:
         )
         assert code == EXIT_OK
 
-        bronze = DeltaTable(str(FlowState.of(spec, spark_settings).table))
+        bronze = delta_table(FlowState.of(spec, spark_settings).table)
         assert bronze.to_pyarrow_table(columns=["offset"]).num_rows == len(sent)
         paths = SilverPaths.of(spec, spark_settings)
         # One available_now run carries silver to the end of what bronze ingested in that run.
@@ -446,15 +461,16 @@ class TestSilverExactlyOnce:
     def test_kill_during_merge_batches_replays_nothing(
         self,
         spark: SparkSession,
-        spark_settings: Settings,
+        kill_lake: tuple[str, Settings],
         kafka_broker: KafkaBroker,
         tmp_path: Path,
     ) -> None:
+        lake, lake_settings = kill_lake
         seed = seed_from_env()
         print(f"\nkill schedule seed: KILL_SEED={seed}  CDC_SEED={CDC_SEED}")
         rng = random.Random(seed)
         stream = CdcStream.make(KILL_KEYS, CDC_SEED)
-        topic = "silver_kill_customers"
+        topic = f"silver_kill_customers_{lake}"
         # Each killed run gets a fresh tranche of the stream, so it has silver batches of its own
         # to kill in however far the run before it got (bronze may ingest a whole tranche before
         # silver's first batch, and silver may then take it in one batch).
@@ -482,7 +498,7 @@ class TestSilverExactlyOnce:
             )
         )
         settings = replace(
-            spark_settings, spark_conf={"spark.ui.enabled": "false", **spark_settings.spark_conf}
+            lake_settings, spark_conf={"spark.ui.enabled": "false", **lake_settings.spark_conf}
         )
         paths = SilverPaths.of(spec, settings)
         files = paths.history_files()  # the last MERGE of a batch: every write is before it
@@ -536,6 +552,10 @@ class TestSilverExactlyOnce:
         check_history(paths, stream)
         check_events(paths, stream)
         check_quarantine(paths, stream)
+        if lake == "store":  # no file that decides who wins was written by a plain PUT
+            for flow_files in (files, paths.merge_files(), FlowFiles.of(spec, settings)):
+                assert not flow_files.plain_puts(), flow_files.plain_puts()[:5]
+            assert str(paths.current).startswith("s3a://"), paths.current
 
 
 pytestmark = pytest.mark.timeout(2400)  # 2 shared cores: each Spark start can take minutes

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable as DeltaRsTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.catalog.state import FlowState
+from pipelines.location import Location
 from pipelines.messages import FlowStopped, StopReason
 from pipelines.progress import BatchCommit, BatchProgress, ProgressTracker
 from pipelines.reporting import PROGRESS_PREFIX, Reporter
@@ -36,6 +36,7 @@ from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec, parse_spec
 from tests.integration.test_bronze_exactly_once import write_spec
+from tests.support.delta_read import delta_table
 from tests.support.kafka import (
     LARGE_RECORD_PRODUCER_CONFIG,
     LARGE_RECORD_TOPIC_CONFIG,
@@ -91,7 +92,9 @@ class RecordingReporter(Reporter):
 class BackgroundFlow:
     """``run_flows`` on the shared session in a thread, stopped through its stop file."""
 
-    def __init__(self, spec: FlowSpec, settings: Settings, spark: SparkSession, stop_file: Path):
+    def __init__(
+        self, spec: FlowSpec, settings: Settings, spark: SparkSession, stop_file: Location
+    ):
         self.reporter = RecordingReporter()
         self._stop_file = stop_file
         self.code: int | None = None
@@ -132,7 +135,7 @@ class BackgroundFlow:
 def background_flow(
     spec: FlowSpec, settings: Settings, spark: SparkSession, tmp_path: Path
 ) -> Iterator[BackgroundFlow]:
-    flow = BackgroundFlow(spec, settings, spark, tmp_path / f"{spec.name}.stop")
+    flow = BackgroundFlow(spec, settings, spark, Location.local(tmp_path / f"{spec.name}.stop"))
     flow.thread.start()
     try:
         yield flow
@@ -199,7 +202,8 @@ class TestLargeRecord:
         by_spark = [(_bytes(r.key), _bytes(r.value)) for r in rows]
         assert [r.offset for r in rows] == [0, 1, 2]
         assert by_spark == records
-        arrow = DeltaRsTable(table).to_pyarrow_table().sort_by("offset")
+        by_rs = delta_table(FlowState.of(spec, spark_settings).table)  # delta-rs, not Spark
+        arrow = by_rs.to_pyarrow_table().sort_by("offset")
         by_delta_rs = list(zip(arrow["key"].to_pylist(), arrow["value"].to_pylist(), strict=True))
         assert arrow["offset"].to_pylist() == [0, 1, 2]
         assert by_delta_rs == records

@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.catalog.state import FlowState
+from pipelines.location import Location
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
+from pipelines.storage import WRITE_ID
 
 AFTER_DELTA_COMMIT = "after-delta-commit"
 MID_BATCH = "mid-batch"
@@ -68,30 +70,30 @@ def seed_from_env(variable: str = "KILL_SEED") -> int:
 # --- the flow's files -----------------------------------------------------------------------
 
 
-def _numbered(folder: Path, pattern: re.Pattern[str] | None = None) -> list[int]:
-    """Sorted numbers of the files in ``folder`` named by a number (or matching ``pattern``)."""
+def _numbered(folder: Location, pattern: re.Pattern[str] | None = None) -> list[int]:
+    """Sorted numbers of the files in ``folder`` named by a number (or matching ``pattern``);
+    none if the folder does not exist (yet)."""
     numbers = []
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if pattern is None:
-                    if entry.name.isdigit():
-                        numbers.append(int(entry.name))
-                else:
-                    match = pattern.match(entry.name)
-                    if match:
-                        numbers.append(int(match.group(1)))
-    except FileNotFoundError:
-        return []
+    for name in folder.names():
+        if pattern is None:
+            if name.isdigit():
+                numbers.append(int(name))
+        else:
+            match = pattern.match(name)
+            if match:
+                numbers.append(int(match.group(1)))
     return sorted(numbers)
 
 
 @dataclass(frozen=True)
 class FlowFiles:
-    """The files of one flow that tell how far a batch got: Delta log, offset log, commit log."""
+    """The files of one flow that tell how far a batch got: Delta log, offset log, commit log.
 
-    table: Path
-    checkpoint: Path
+    Read through :class:`~pipelines.location.Location`, so the table and the checkpoint may be on
+    the local disk or on an S3 store alike."""
+
+    table: Location
+    checkpoint: Location
 
     @classmethod
     def of(cls, spec: FlowSpec, settings: Settings) -> FlowFiles:
@@ -99,7 +101,7 @@ class FlowFiles:
         return cls(locations.table, locations.checkpoint)
 
     @property
-    def delta_log(self) -> Path:
+    def delta_log(self) -> Location:
         return self.table / "_delta_log"
 
     def delta_versions(self) -> list[int]:
@@ -112,8 +114,8 @@ class FlowFiles:
 
     def delta_commit(self, version: int) -> list[dict[str, Any]]:
         """The actions of commit ``version``: one JSON object per line."""
-        path = self.delta_log / f"{version:020d}.json"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        commit = self.delta_log / f"{version:020d}.json"
+        return [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
 
     def delta_txn(self, version: int) -> tuple[str, int] | None:
         """``(appId, version)`` of commit ``version``'s ``txn`` action, or None if it has none."""
@@ -156,6 +158,27 @@ class FlowFiles:
 
     def batch_committed(self, batch_id: int) -> bool:
         return (self.checkpoint / "commits" / str(batch_id)).exists()
+
+    def plain_puts(self) -> list[str]:
+        """Delta commits and offset / commit-log files on S3 that do NOT carry a writer id:
+        written by a plain PUT, which could have overwritten a rival's (empty: every one was a
+        conditional create). Only for a table and checkpoint on S3."""
+        folders = {
+            self.delta_log: [f"{v:020d}.json" for v in self.delta_versions()],
+            **{
+                self.checkpoint / log: [n for n in (self.checkpoint / log).names() if n.isdigit()]
+                for log in ("offsets", "commits")
+            },
+        }
+        plain = []
+        for folder, names in folders.items():
+            client = folder.storage.client  # type: ignore[attr-defined]
+            bucket, _, prefix = folder.uri.partition("://")[2].partition("/")
+            for name in names:
+                head = client.head_object(Bucket=bucket, Key=f"{prefix}/{name}")
+                if WRITE_ID not in head.get("Metadata", {}):
+                    plain.append(f"{folder}/{name}")
+        return plain
 
     def where(self) -> tuple[str, int]:
         """Where the flow is right now: ``(one of the landing kinds, batch id)``.

@@ -22,7 +22,8 @@ import requests
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, EventRecordsFilter
 from dagster_graphql import DagsterGraphQLClient
 
-from pipelines.lease import FileLeaseStore, LeaseTerm
+from pipelines.lease import LeaseTerm, StoredLeaseStore
+from pipelines.location import Location
 from pipelines.settings import PROJECT_ROOT
 
 FINISHED = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
@@ -253,21 +254,20 @@ def dagster_dev(env: Mapping[str, str], home: Path, timeout: float = 300) -> Ite
 # --- the Spark side: checkpoint logs, the lease, the application's processes -----------------
 
 
-def log_batches(folder: Path) -> set[int]:
+def log_batches(folder: Location) -> set[int]:
     """Batch ids present in a Structured Streaming log folder (``offsets/`` or ``commits/``)."""
-    if not folder.is_dir():
-        return set()
-    return {int(name) for name in os.listdir(folder) if name.isdigit()}
+    return {int(name) for name in folder.names() if name.isdigit()}
 
 
-def batch_end_offsets(checkpoint: Path, batch: int) -> dict[str, dict[str, int]]:
+def batch_end_offsets(checkpoint: Location, batch: int) -> dict[str, dict[str, int]]:
     """The Kafka end offsets planned for ``batch`` (last line of ``offsets/<batch>``)."""
     lines = (checkpoint / "offsets" / str(batch)).read_text().strip().splitlines()
     return dict(json.loads(lines[-1]))
 
 
-def latest_term(lease_dir: Path) -> LeaseTerm | None:
-    return FileLeaseStore(lease_dir).latest()
+def latest_term(lease_dir: Location) -> LeaseTerm | None:
+    """The newest term of the lease kept in ``lease_dir`` (:attr:`FlowState.lease_dir`)."""
+    return StoredLeaseStore(lease_dir.uri, lease_dir.storage).latest()
 
 
 def processes_matching(pattern: str) -> list[int]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from tests.support.delta_read import read_rows
+from tests.support.delta_read import TableRef, read_rows
 
 #: (window start, group key) -> {aggregate name: value, "_rows": n}
 GoldRows = dict[tuple[datetime, tuple[Any, ...]], dict[str, float]]
@@ -45,7 +44,7 @@ def expected_gold(
     }
 
 
-def read_gold(path: Path | str, group_by: Sequence[str] = (), where: str = "") -> GoldRows:
+def read_gold(path: TableRef, group_by: Sequence[str] = (), where: str = "") -> GoldRows:
     """The gold table's rows in the shape of :func:`expected_gold` (its aggregates as stored)."""
     result: GoldRows = {}
     for row in read_rows(path, where=where):
@@ -94,7 +93,7 @@ def expected_join(
     return sorted(rows, key=repr)
 
 
-def read_join(path: Path | str, where: str = "") -> list[JoinedRow]:
+def read_join(path: TableRef, where: str = "") -> list[JoinedRow]:
     """The joined table's rows in the shape of :func:`expected_join`."""
     rows = read_rows(path, ["order_id", "amount", "payment_id", "paid"], where)
     return sorted(

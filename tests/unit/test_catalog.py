@@ -13,6 +13,7 @@ from assets.keys import flow_table_keys
 from pipelines.catalog.roles import Layer, TableRole, parse_role_id, role_id
 from pipelines.catalog.tables import FlowCatalog
 from pipelines.identity import FlowIdentity
+from pipelines.location import Location
 from pipelines.settings import PROJECT_ROOT, Settings
 from pipelines.spec import load_specs
 
@@ -22,7 +23,7 @@ SETTINGS = Settings(runtime_dir=ROOT, jars_dir=ROOT / "jars", flows_dir=PROJECT_
 SPECS = {spec.name: spec for spec in load_specs(PROJECT_ROOT / "flows")}
 
 
-def rel(path: Path | str) -> str:
+def rel(path: Location | Path | str) -> str:
     return str(path).replace(str(ROOT), "<runtime>")
 
 
@@ -119,7 +120,8 @@ def test_side_tables_sit_beside_their_table_and_have_no_asset() -> None:
             [main] = [
                 t
                 for t in catalog.declared
-                if t.gold == table.gold and t.path == Path(str(table.path).rsplit("__", 1)[0])
+                if t.gold == table.gold
+                and t.path == Location.local(str(table.path).rsplit("__", 1)[0])
             ]
             assert main.layer is table.layer
     gold = catalog.table(TableRole.GOLD, "revenue_10m")

@@ -56,7 +56,7 @@ def test_flows_status_and_stop_follow_the_lease(
     assert main(["flows"]) == 0
     assert "never run" in capsys.readouterr().out
     locations = FlowState.of(spec, load_settings())
-    FlowLease("a", FileLeaseStore(locations.lease_dir), "cli-123", {"pid": "1"}).acquire()
+    FlowLease("a", FileLeaseStore(locations.lease_dir.path), "cli-123", {"pid": "1"}).acquire()
     assert main(["flows"]) == 0
     assert "running (cli-123)" in capsys.readouterr().out
     assert main(["status", "a"]) == 0
@@ -77,7 +77,7 @@ def test_a_stopped_flow_says_why_it_stopped(
 
     spec = load_spec(write(flows, "a"))
     locations = FlowState.of(spec, load_settings())
-    lease = FlowLease("a", FileLeaseStore(locations.lease_dir), "cli-123", {"pid": "1"})
+    lease = FlowLease("a", FileLeaseStore(locations.lease_dir.path), "cli-123", {"pid": "1"})
     lease.acquire()
     reporter = Reporter()
     reporter.track_status({"a": locations.status_file}, owner="cli-123")
@@ -98,7 +98,7 @@ def test_a_stopped_flow_says_why_it_stopped(
     assert report["stopped"]["query"] == "a.silver"
 
     # The next owner's run is killed before it records an end: the old end is not its story.
-    killed = FlowLease("a", FileLeaseStore(locations.lease_dir), "cli-456", {"pid": "2"})
+    killed = FlowLease("a", FileLeaseStore(locations.lease_dir.path), "cli-456", {"pid": "2"})
     killed.acquire()
     killed.release()
     assert main(["status", "a"]) == 0

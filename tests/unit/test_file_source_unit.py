@@ -18,6 +18,7 @@ from pyspark.sql.types import (
 )
 
 from pipelines.errors import ConfigError
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.sources.files import (
     archive_folder,
@@ -154,15 +155,15 @@ def test_a_file_in_a_subfolder_is_data(tmp_path: Path) -> None:
 
 
 def test_schema_round_trips_as_spark_schema_json(tmp_path: Path) -> None:
-    schema_file = tmp_path / "checkpoints" / "flow" / "source_schema.json"
+    schema_file = Location.local(tmp_path / "checkpoints" / "flow" / "source_schema.json")
     store_schema(schema_file, SCHEMA)
     assert schema_file.read_text() == SCHEMA.json()
     assert load_schema(schema_file) == SCHEMA
-    assert [p.name for p in schema_file.parent.iterdir()] == ["source_schema.json"]
+    assert [p.name for p in schema_file.parent.path.iterdir()] == ["source_schema.json"]
 
 
 def test_storing_replaces_the_schema_file(tmp_path: Path) -> None:
-    schema_file = tmp_path / "source_schema.json"
+    schema_file = Location.local(tmp_path / "source_schema.json")
     store_schema(schema_file, StructType([StructField("old", StringType())]))
     store_schema(schema_file, SCHEMA)
     assert load_schema(schema_file) == SCHEMA
@@ -170,7 +171,7 @@ def test_storing_replaces_the_schema_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ["not json", '{"type": "struct"}', "[1, 2]"])
 def test_unreadable_schema_file_names_the_file(tmp_path: Path, text: str) -> None:
-    schema_file = tmp_path / "source_schema.json"
+    schema_file = Location.local(tmp_path / "source_schema.json")
     schema_file.write_text(text)
     with pytest.raises(ConfigError, match=r"source_schema\.json") as error:
         load_schema(schema_file)
@@ -181,7 +182,7 @@ def test_unreadable_schema_file_names_the_file(tmp_path: Path, text: str) -> Non
     "name", ["_rescued_data", "source_file", "source_modified_at", "_corrupt_record"]
 )
 def test_data_columns_may_not_use_the_source_column_names(tmp_path: Path, name: str) -> None:
-    schema_file = tmp_path / "source_schema.json"
+    schema_file = Location.local(tmp_path / "source_schema.json")
     schema_file.write_text(json.dumps(StructType([StructField(name, StringType())]).jsonValue()))
     with pytest.raises(ConfigError, match=name):
         load_schema(schema_file)

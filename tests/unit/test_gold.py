@@ -11,6 +11,7 @@ import pytest
 from pipelines.gold.backfill import BackfillRefusedError, check_closed, closing_time
 from pipelines.gold.watermark import EVENTS, WatermarkLog
 from pipelines.gold.windows import MICROS, earliest_window_end_micros, is_late
+from pipelines.location import Location
 from pipelines.spec import SpecError, duration_seconds, parse_spec
 from tests.support.gold import windows_of
 
@@ -128,12 +129,12 @@ def test_late_means_the_state_spark_would_use_is_closed() -> None:
 
 
 def test_the_watermark_log_survives_restarts_and_replays_alike(tmp_path: Path) -> None:
-    log = WatermarkLog(tmp_path, allowed_lateness_seconds=300)
+    log = WatermarkLog(Location.local(tmp_path), allowed_lateness_seconds=300)
     assert log.before(0) is None
     first = log.record(0, {EVENTS: micros("2026-11-20T10:31:00")})
     assert first.watermark_micros == micros("2026-11-20T10:26:00")
     log.record(1, {EVENTS: micros("2026-11-20T10:02:00")})  # older rows never lower it
-    again = WatermarkLog(tmp_path, allowed_lateness_seconds=300)  # a restart
+    again = WatermarkLog(Location.local(tmp_path), allowed_lateness_seconds=300)  # a restart
     assert again.before(2) is not None
     assert again.before(2).watermark_micros == first.watermark_micros  # type: ignore[union-attr]
     # a replay of batch 1 is judged by batch 0's record, whatever batch 1 recorded before

@@ -24,6 +24,7 @@ from pipelines.gold.joins import (
 )
 from pipelines.gold.watermark import WatermarkLog
 from pipelines.gold.windows import MICROS
+from pipelines.location import Location
 from pipelines.settings import load_settings
 from pipelines.spec import GoldJoinSpec, SpecError, join_readers, load_specs, parse_spec
 from tests.unit.test_gold import micros
@@ -140,7 +141,7 @@ def test_the_right_side_is_a_flow_beside_it_with_the_columns_the_join_reads(
 def test_the_join_watermark_is_the_least_of_both_sides_once_both_had_rows(
     tmp_path: Path,
 ) -> None:
-    log = WatermarkLog(tmp_path, allowed_lateness_seconds=300, sides=(LEFT, RIGHT))
+    log = WatermarkLog(Location.local(tmp_path), allowed_lateness_seconds=300, sides=(LEFT, RIGHT))
     only_left = log.record(0, {LEFT: micros("2026-11-20T10:20:00"), RIGHT: None})
     assert only_left.watermark_micros is None  # Spark's stays at the epoch until then
     both = log.record(1, {LEFT: None, RIGHT: micros("2026-11-20T10:30:00")})
@@ -149,7 +150,8 @@ def test_the_join_watermark_is_the_least_of_both_sides_once_both_had_rows(
         LEFT: micros("2026-11-20T10:20:00"),
         RIGHT: micros("2026-11-20T10:30:00"),
     }
-    assert WatermarkLog(tmp_path, 300, sides=(LEFT, RIGHT)).before(2) == both  # a restart
+    restarted = WatermarkLog(Location.local(tmp_path), 300, sides=(LEFT, RIGHT))  # a restart
+    assert restarted.before(2) == both
 
 
 def test_without_the_join_running_both_sides_are_judged_by_the_least_watermark(
@@ -163,7 +165,7 @@ def test_without_the_join_running_both_sides_are_judged_by_the_least_watermark(
     }
     assert common_watermarks({LEFT: before[LEFT], RIGHT: None}, five) == {LEFT: 0, RIGHT: 0}
     # the choice between the two rules is made once per batch: a replay reads it back
-    log = WatermarkLog(tmp_path, 300, sides=(LEFT, RIGHT))
+    log = WatermarkLog(Location.local(tmp_path), 300, sides=(LEFT, RIGHT))
     assert log.decision(3, lambda: {"join_running": True}) == {"join_running": True}
     assert log.decision(3, lambda: {"join_running": False}) == {"join_running": True}
 

@@ -130,7 +130,9 @@ def test_reset_archives_the_checkpoint_and_bumps_the_generation(settings: Settin
     assert reset.generation == 1 and reset.flow_id == identity.flow_id
     assert reset.txn_app_id != identity.txn_app_id
     assert not locations.checkpoint.exists()
-    assert [p.name.split("-g0-")[0] for p in locations.archive_dir.iterdir()] == ["bronze_orders"]
+    assert [p.name.split("-g0-")[0] for p in locations.archive_dir.path.iterdir()] == [
+        "bronze_orders"
+    ]
     adopted, stamp = resolve_identity(spec(), locations, table)
     assert stamp and adopted == replace(reset, adopt_table=False)
     assert read_identity(locations) == reset
@@ -138,6 +140,6 @@ def test_reset_archives_the_checkpoint_and_bumps_the_generation(settings: Settin
 
 def test_reset_is_refused_while_the_flow_runs(settings: Settings) -> None:
     locations = FlowState.of(spec(), settings)
-    FlowLease("orders", FileLeaseStore(locations.lease_dir), "cli-1").acquire()
+    FlowLease("orders", FileLeaseStore(locations.lease_dir.path), "cli-1").acquire()
     with pytest.raises(LeaseHeldError, match="flow orders is already running"):
         reset_flow(spec(), locations)

@@ -23,6 +23,7 @@ from assets.maintenance import maintenance_pool
 from pipelines import maintenance
 from pipelines.catalog.state import FlowState
 from pipelines.cli import main
+from pipelines.location import Location
 from pipelines.maintenance import (
     MaintenanceCommandError,
     TableReport,
@@ -104,7 +105,7 @@ def offsets_file(version: int | None) -> str:
     return "\n".join(["v1", json.dumps(meta), json.dumps(source)])
 
 
-def checkpoint(root: Path, offsets: dict[int, int | None], commits: list[int]) -> Path:
+def checkpoint(root: Location, offsets: dict[int, int | None], commits: list[int]) -> Location:
     (root / "offsets").mkdir(parents=True)
     (root / "commits").mkdir()
     for batch, version in offsets.items():
@@ -117,24 +118,25 @@ def checkpoint(root: Path, offsets: dict[int, int | None], commits: list[int]) -
 
 def test_a_stream_restarts_where_its_last_committed_batch_ended(tmp_path: Path) -> None:
     # batch 2 is planned (offsets/2) but not committed: it re-reads from offsets/1's end
-    root = checkpoint(tmp_path / "cp", {0: 3, 1: 7, 2: 12}, [0, 1])
+    root = checkpoint(Location.local(tmp_path / "cp"), {0: 3, 1: 7, 2: 12}, [0, 1])
     assert stream_start_version(root) == 7
 
 
 def test_before_its_first_commit_a_stream_needs_its_first_batch(tmp_path: Path) -> None:
-    root = checkpoint(tmp_path / "cp", {0: 4}, [])
+    root = checkpoint(Location.local(tmp_path / "cp"), {0: 4}, [])
     assert stream_start_version(root) == 4
 
 
 def test_no_offsets_no_delta_source_no_position(tmp_path: Path) -> None:
-    assert stream_start_version(tmp_path / "missing") is None
-    assert stream_start_version(checkpoint(tmp_path / "kafka", {0: None}, [0])) is None
+    assert stream_start_version(Location.local(tmp_path / "missing")) is None
+    kafka = checkpoint(Location.local(tmp_path / "kafka"), {0: None}, [0])
+    assert stream_start_version(kafka) is None
 
 
 # --- when a version was committed, from the Delta log ----------------------------------------------
 
 
-def commit(table: Path, version: int, info: dict[str, Any] | None) -> Path:
+def commit(table: Location, version: int, info: dict[str, Any] | None) -> Location:
     log = table / "_delta_log"
     log.mkdir(parents=True, exist_ok=True)
     path = log / f"{version:020d}.json"
@@ -150,7 +152,7 @@ def millis(moment: datetime) -> int:
 
 
 def test_commit_time_from_commit_info(tmp_path: Path) -> None:
-    table = tmp_path / "t"
+    table = Location.local(tmp_path / "t")
     commit(table, 0, {"timestamp": millis(NOW - timedelta(days=3))})
     commit(
         table,
@@ -165,21 +167,24 @@ def test_commit_time_from_commit_info(tmp_path: Path) -> None:
 
 
 def test_commit_time_falls_back_to_the_files_mtime(tmp_path: Path) -> None:
-    path = commit(tmp_path / "t", 0, None)
+    table = Location.local(tmp_path / "t")
+    path = commit(table, 0, None)
     moment = (NOW - timedelta(days=2)).timestamp()
-    os.utime(path, (moment, moment))
-    assert commit_time(tmp_path / "t", 0) == NOW - timedelta(days=2)
+    os.utime(path.path, (moment, moment))
+    assert commit_time(table, 0) == NOW - timedelta(days=2)
 
 
 def test_a_version_not_committed_yet_is_needed_by_nobody(tmp_path: Path) -> None:
-    commit(tmp_path / "t", 0, {"timestamp": millis(NOW)})
-    assert commit_time(tmp_path / "t", 1) is None  # a caught-up stream points at the next one
+    table = Location.local(tmp_path / "t")
+    commit(table, 0, {"timestamp": millis(NOW)})
+    assert commit_time(table, 1) is None  # a caught-up stream points at the next one
 
 
 def test_a_needed_version_whose_log_entry_is_gone_cannot_be_dated(tmp_path: Path) -> None:
-    commit(tmp_path / "t", 5, {"timestamp": millis(NOW)})
+    table = Location.local(tmp_path / "t")
+    commit(table, 5, {"timestamp": millis(NOW)})
     with pytest.raises(UndatedVersionError, match=r"00000000000000000002\.json is gone"):
-        commit_time(tmp_path / "t", 2)
+        commit_time(table, 2)
 
 
 # --- the retention -----------------------------------------------------------------------------------
@@ -239,7 +244,7 @@ def test_every_table_of_the_flow_with_its_z_order(settings: Settings) -> None:
         ("current", "people", ("city",)),
         ("deleted_keys", "people__deleted_keys", ()),
     ]
-    assert tables[-1].path == Path(f"{tables[-2].path}__deleted_keys")
+    assert tables[-1].path == Location.local(f"{tables[-2].path}__deleted_keys")
     assert tables[0].spec_field == "target" and tables[3].spec_field == "silver.current"
 
 
@@ -388,7 +393,7 @@ def test_a_failing_table_is_reported_and_the_others_maintained(settings: Setting
     [error] = events.errors
     assert error.startswith(
         "<inline>: silver.events: the events table silver_people_events at "
-        f"{settings.lake_dir / 'silver' / 'silver_people_events'}: OPTIMIZE failed after 4 "
+        f"{settings.lake / 'silver' / 'silver_people_events'}: OPTIMIZE failed after 4 "
         "attempt(s): a concurrent MERGE committed"
     )
     assert "failed" in events.summary() and "error:" in events.summary()

@@ -29,6 +29,7 @@ from pipelines.catalog.state import FlowState
 from pipelines.gold.backfill import last_closed_dates
 from pipelines.health import DELTA_END_INDEX, HeartbeatWriter, assess, delta_lag, read_health
 from pipelines.job_progress import TaskCounts, task_counts
+from pipelines.location import Location
 from pipelines.settings import PROJECT_ROOT, load_settings
 from pipelines.spec import SpecError, load_specs, parse_spec
 
@@ -129,7 +130,7 @@ def test_no_cron_literal_in_python() -> None:
     assert no_cron_literal_in(PROJECT_ROOT / "assets") == []
 
 
-def write_watermark(checkpoint: Path, watermark: datetime) -> None:
+def write_watermark(checkpoint: Location, watermark: datetime) -> None:
     """A committed batch 0 of a stateful query whose watermark is ``watermark``."""
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "commits").mkdir()
@@ -198,7 +199,7 @@ def test_health_of_a_flow_from_its_heartbeat() -> None:
 
 
 def test_the_heartbeat_file_is_this_runs_only(tmp_path: Path) -> None:
-    path = tmp_path / "_health.json"
+    path = Location.local(tmp_path / "_health.json")
     writer = HeartbeatWriter({"sales": path}, owner="run-1")
     writer.beat("sales", "sales", event="started")
     writer.beat("sales", "sales", committed_batch=3, lag=0, lag_unit="records")
@@ -255,7 +256,7 @@ def test_column_lineage_follows_the_spec() -> None:
 
 def test_table_facts_read_by_delta_rs(tmp_path: Path) -> None:
     path = tmp_path / "t"
-    facts = TableFacts(str(path))
+    facts = TableFacts(Location.local(path))
     assert facts.read() == {}
     write_deltalake(str(path), pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]}))
     write_deltalake(str(path), pa.table({"id": [4], "name": ["d"]}), mode="append")
@@ -282,7 +283,7 @@ def test_a_table_with_deletion_vectors_is_counted_by_a_scan(tmp_path: Path) -> N
         configuration={"delta.enableDeletionVectors": "true"},
     )
     DeltaTable(path).delete("id = 2")
-    assert TableFacts(path).read()["dagster/row_count"].value == 2
+    assert TableFacts(Location.local(path)).read()["dagster/row_count"].value == 2
 
 
 class FakeTracker:

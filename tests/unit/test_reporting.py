@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.lease import LeaseHeldError
+from pipelines.location import Location
 from pipelines.messages import (
     BatchCommitted,
     FlowStatus,
@@ -56,7 +57,7 @@ BATCH = BatchCommitted(
 def test_every_message_reaches_pipes_and_parses_back(tmp_path: Path, capsys: Any) -> None:
     pipes = FakePipes()
     reporter = Reporter(pipes)
-    status_file = tmp_path / "orders" / "_status.json"
+    status_file = Location.local(tmp_path / "orders" / "_status.json")
     reporter.track_status({"orders": status_file}, owner="runner-0a1b2c3d4e5f")
     started = StageStarted("orders", "bronze", "orders")
     stopped = FlowStopped("orders", StopReason.FINISHED)
@@ -86,7 +87,7 @@ def test_the_status_file_keeps_the_last_batch_of_an_earlier_run_beside_this_runs
 ) -> None:
     """A run that failed before its first batch records why, and the last batch stays the one
     the run before it committed; the next batch clears the stop (the flow runs again)."""
-    status_file = tmp_path / "orders" / "_status.json"
+    status_file = Location.local(tmp_path / "orders" / "_status.json")
     earlier = Reporter()
     earlier.track_status({"orders": status_file}, owner="runner-1")
     earlier.batch(BATCH)

@@ -13,6 +13,7 @@ from pipelines.catalog.state import FlowState
 from pipelines.catalog.tables import CatalogTable, check_distinct_tables
 from pipelines.identity import FlowIdentity, IdentityError
 from pipelines.lease import FileLeaseStore, FlowLease, LeaseHeldError
+from pipelines.location import Location
 from pipelines.settings import Settings
 from pipelines.silver.tables import KEYS_PROPERTY, SEQUENCE_PROPERTY
 from pipelines.spec import SpecError, parse_spec
@@ -23,7 +24,7 @@ DESIGN = TableDesign(
     entry=CatalogTable(
         TableRole.CURRENT,
         "customers",
-        Path("/lake/silver/customers"),
+        Location.local("/lake/silver/customers"),
         "silver.current",
         "silver",
     ),
@@ -147,7 +148,7 @@ def test_reset_silver_moves_tables_and_checkpoint_aside(tmp_path: Path) -> None:
     settings = Settings(runtime_dir=tmp_path, jars_dir=tmp_path / "jars")
     spec = parse_spec(silver_spec(), where="flows/customers.yaml")
     locations = FlowState.of(spec, settings)
-    silver_dir = settings.lake_dir / "silver"
+    silver_dir = settings.lake.path / "silver"
     for folder in ("customers", "customers__deleted_keys", "silver_customers_events"):
         (silver_dir / folder / "_delta_log").mkdir(parents=True)
     (locations.stage_checkpoint("silver") / "commits").mkdir(parents=True)
@@ -165,7 +166,7 @@ def test_reset_silver_moves_tables_and_checkpoint_aside(tmp_path: Path) -> None:
 def test_reset_silver_refuses_while_the_flow_runs(tmp_path: Path) -> None:
     settings = Settings(runtime_dir=tmp_path, jars_dir=tmp_path / "jars")
     spec = parse_spec(silver_spec(), where="flows/customers.yaml")
-    store = FileLeaseStore(FlowState.of(spec, settings).lease_dir)
+    store = FileLeaseStore(FlowState.of(spec, settings).lease_dir.path)
     running = FlowLease("customers", store, "someone", {}, 30.0)
     running.acquire()
     try:

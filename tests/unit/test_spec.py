@@ -125,15 +125,21 @@ def test_files_source_cannot_partition_by_topic() -> None:
         )
 
 
-def test_a_uri_path_is_refused_instead_of_misread() -> None:
-    with pytest.raises(SpecError, match=r"target\.path: 's3a://lake/orders' is a URI"):
-        parse_spec(
-            {
-                "name": "orders",
-                "source": {"kind": "kafka", "topics": ["orders"]},
-                "target": {"table": "orders", "path": "s3a://lake/orders"},
-            }
-        )
+def test_a_table_may_live_on_s3_and_other_schemes_are_refused_naming_the_fix() -> None:
+    def spec(target_path: str, landing: str = "landing") -> dict[str, Any]:
+        return {
+            "name": "orders",
+            "source": {"kind": "files", "path": landing},
+            "target": {"table": "orders", "path": target_path},
+        }
+
+    assert parse_spec(spec("s3a://lake/bronze/orders")).target.path == "s3a://lake/bronze/orders"
+    with pytest.raises(SpecError, match=r"target\.path: 'gs://lake/orders'.*s3a://bucket/prefix"):
+        parse_spec(spec("gs://lake/orders"))
+    with pytest.raises(SpecError, match=r"target\.path: 's3a:///orders' names no bucket"):
+        parse_spec(spec("s3a:///orders"))
+    with pytest.raises(SpecError, match=r"source\.path: 's3a://lake/in' is a URI.*mount"):
+        parse_spec(spec("lake/orders", landing="s3a://lake/in"))
 
 
 def silver_spec(**silver: Any) -> dict[str, Any]:
@@ -256,7 +262,11 @@ CURRENT = {"table": "cur", "keys": ["id"]}
             {"current": {**CURRENT, "ignore_null_updates": "yes"}},
             r"silver.current.ignore_null_updates: expected bool, got str",
         ),
-        ({"current": {**CURRENT, "path": "s3a://x"}}, r"silver.current.path: 's3a://x' is a URI"),
+        (
+            {"current": {**CURRENT, "path": "gs://x"}},
+            r"silver.current.path: 'gs://x': Conflux keeps tables on the local disk \(a path\) "
+            r"or on an S3-compatible store \(s3a://bucket/prefix\), not on gs:",
+        ),
         ({"currnt": CURRENT}, r"silver.currnt: unknown field; allowed: format, schema, event_time"),
         ({"history": {"table": "h"}}, r"silver.history.keys: is required without a current"),
         (

@@ -95,10 +95,11 @@ def test_the_flow_composer_asks_stages_instead_of_checking_their_class() -> None
 
 
 def test_table_locations_are_derived_only_in_the_catalog() -> None:
-    """``lake_dir`` (the default home of every table) and the side tables' suffixes appear in
-    the catalog and nowhere else in the product."""
+    """``settings.lake`` (the default home of every table; ``lake_dir`` before it was a
+    Location) and the side tables' suffixes appear in the catalog and nowhere else in the
+    product."""
     pattern = re.compile(
-        r"lake_dir\b|__deleted_keys|__input\b|__backfills|__refresh|conflux_watermark"
+        r"\.lake\b|lake_dir\b|__deleted_keys|__input\b|__backfills|__refresh|conflux_watermark"
     )
     for path in SOURCES:
         if path.parent.name == "catalog" or path.name == "settings.py":
