@@ -8,7 +8,7 @@ from pydantic import Field
 
 from pipelines.launcher import SparkSubmit
 from pipelines.settings import load_settings
-from pipelines.spark import spark_conf
+from pipelines.spark import export_credentials, spark_conf, spark_environment
 
 
 class SparkSubmitResource(ConfigurableResource):
@@ -36,5 +36,9 @@ class SparkSubmitResource(ConfigurableResource):
 
 
 def pyspark_resource() -> LazyPySparkResource:
-    """dagster-pyspark's resource, configured like every other Conflux session (UI off)."""
-    return LazyPySparkResource(spark_config=spark_conf(load_settings(), ui=False))
+    """dagster-pyspark's resource, configured like every other Conflux session (UI off). The S3
+    store's credentials go into this process's environment, which the session's JVM inherits
+    (:func:`pipelines.spark.export_credentials`): never into its Spark settings."""
+    settings = load_settings()
+    export_credentials(spark_environment(settings))
+    return LazyPySparkResource(spark_config=spark_conf(settings, ui=False))

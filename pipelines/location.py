@@ -17,7 +17,6 @@ On S3 a folder is a key prefix: it exists while something is in it, and ``mkdir`
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,26 +31,32 @@ SCHEMES = ("", "file", *S3_SCHEMES)
 
 
 def normalize(uri: str, base: Path | None = None) -> str:
-    """``uri`` in the one form Conflux keeps: a local location as an absolute plain path (a
-    ``file:`` URI, ``~`` and a path relative to ``base`` resolved), an S3 one without a trailing
-    ``/``.
+    """``uri`` in the one form Conflux keeps, so that one place has one spelling: a local location
+    as an absolute plain path (a ``file:`` URI, ``~`` and a path relative to ``base`` resolved;
+    ``..`` kept as written, as flow identities recorded it), an S3 one as ``s3a://bucket/key``
+    (``s3://`` read as ``s3a://``, repeated and trailing ``/`` dropped: S3A reads it so).
 
     Raises:
-        ConfigError: a scheme Conflux cannot write (it names the ones it can).
+        ConfigError: a scheme Conflux cannot write (it names the ones it can), a ``file:`` URI
+            naming another host.
     """
-    scheme = urlparse(uri).scheme
-    if scheme not in SCHEMES or (scheme and "://" not in uri):
+    parsed = urlparse(uri)
+    scheme = parsed.scheme
+    if scheme not in SCHEMES or (scheme in S3_SCHEMES and "://" not in uri):
         raise ConfigError(
             f"{uri}: Conflux keeps tables and flow state on the local disk (a path) or on an "
             "S3-compatible store (s3a://bucket/prefix), not on "
             f"{scheme or uri.partition(':')[0]}:"
         )
     if scheme in S3_SCHEMES:
-        return f"{scheme}://{uri.partition('://')[2]}".rstrip("/")
-    path = Path(urlparse(uri).path if scheme == "file" else uri).expanduser()
+        bucket, _, key = uri.partition("://")[2].partition("/")
+        return "/".join(["s3a:/", bucket, *(part for part in key.split("/") if part)])
+    if scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise ConfigError(f"{uri}: a file: URI names a local path (file:///path), not a host")
+    path = Path(parsed.path if scheme == "file" else uri).expanduser()
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
-    return os.path.normpath(path)
+    return str(path)
 
 
 @dataclass(frozen=True)

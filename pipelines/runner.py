@@ -68,12 +68,18 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
 POLL_SECONDS = 0.5
 
 
+#: How often a stop file on an object store is looked for (a request each time; local ones are
+#: looked for at every check).
+REMOTE_STOP_POLL_SECONDS = 2.0
+
+
 class StopRequest:
     """Set by SIGTERM / SIGINT, by :meth:`request`, or by one of the stop files appearing."""
 
     def __init__(self, stop_file: Location | None, *more_stop_files: Location) -> None:
         self._event = threading.Event()
         self._stop_files = [f for f in (stop_file, *more_stop_files) if f is not None]
+        self._remote_checked_at = 0.0
         self.reason = ""
 
     def install_signal_handlers(self) -> None:
@@ -93,11 +99,22 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         if not self._event.is_set():
+            now = time.monotonic()
+            remote_due = now - self._remote_checked_at >= REMOTE_STOP_POLL_SECONDS
+            if remote_due:
+                self._remote_checked_at = now
             for stop_file in self._stop_files:
-                if stop_file.exists():
+                if (stop_file.is_local or remote_due) and self._appeared(stop_file):
                     self.request(f"stop file {stop_file}")
                     break
         return self._event.is_set()
+
+    @staticmethod
+    def _appeared(stop_file: Location) -> bool:
+        try:
+            return stop_file.exists()
+        except OSError:  # the store failed one request: look again next time
+            return False
 
 
 def last_batch_id(query: StreamingQuery) -> int:
@@ -128,12 +145,30 @@ def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
 
 
 def lease_problem(guards: Sequence[LeaseGuard]) -> tuple[str, str] | None:
-    """(flow, why) of the first flow whose lease is no longer this run's; None: all are."""
+    """(flow, why) of the first flow whose lease is no longer this run's; None: all are, or the
+    lease store did not answer this time (ridden out: a lease not renewed for long enough is
+    reported as such once the store answers again)."""
     for guard in guards:
         try:
             guard.check()
         except LeaseLostError as exc:
             return guard.flow, str(exc)
+        except OSError:  # the store (a disk, S3) failed one read: ask again next time
+            continue
+    return None
+
+
+def lease_taken(guards: Sequence[LeaseGuard]) -> tuple[str, str] | None:
+    """(flow, why) of the first flow whose lease another owner now holds, or which was released:
+    what makes a query of this run fail by itself (its commit refused). A lease only close to
+    expiry is not enough to blame for a failure (the failure may have its own cause)."""
+    for guard in guards:
+        try:
+            term = guard.store.latest()
+        except OSError:
+            continue
+        if term is None or term.owner != guard.owner or term.released:
+            return lease_problem([guard])
     return None
 
 
@@ -284,7 +319,7 @@ def supervise(
         )
         failure = first_failure(queries)
         if failure is not None:
-            lost = lease_problem(guards)
+            lost = lease_taken(guards)
             if lost is not None:  # e.g. a commit refused because the new owner made it first
                 return _lease_lost(queries, lost, reporter, flows, failure)
             return _failed(queries, failure, reporter, flows, failures)
@@ -310,9 +345,9 @@ def _lease_lost(
     flows: set[str],
     failure: tuple[str, str] | None = None,
 ) -> Ending:
-    """This run no longer holds a flow's lease: stop every query now. A query that failed meanwhile
-    (a paused driver waking past its lease finds its commit already made by the new owner, and
-    the store refuses it) failed because of that, and is reported as such."""
+    """This run no longer holds a flow's lease: stop every query now. ``failure``: a query that
+    failed after another owner took the lease over (a paused driver waking past its lease finds
+    its commit already made by the new owner, and the store refuses it), reported with it."""
     flow, problem = lost
     message = f"stopping now, the in-flight batches uncommitted: {problem}"
     if failure is not None:

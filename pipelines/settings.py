@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
@@ -108,8 +109,7 @@ class Settings:
     def location(self, uri: str) -> Location:
         """``uri`` as a location: a relative path is under the runtime folder; an S3 one is
         reached with :meth:`s3_connection`."""
-        scheme = uri.partition("://")[0] if "://" in uri else ""
-        if scheme in S3_SCHEMES:
+        if urlparse(uri).scheme in S3_SCHEMES:
             return Location.of(uri, self._required_s3_connection(uri))
         return Location.of(normalize(uri, base=self.runtime_dir))
 
@@ -164,7 +164,7 @@ def load_settings(
     from_env = {ENV_FIELDS[k]: v for k, v in env.items() if k in ENV_FIELDS}
     settings = _apply(settings, from_env, source="environment")
     for root in (settings.lake_root, settings.checkpoints_root):
-        if root and root.partition("://")[0] in S3_SCHEMES:
+        if root and urlparse(root).scheme in S3_SCHEMES:
             settings._required_s3_connection(root)  # fail now, not at the first write
     return settings
 
@@ -267,13 +267,12 @@ def _parse_root(key: str, value: str, source: str) -> str:
     """A lake or checkpoints root: a path (kept as given: relative ones are under the runtime
     folder) or an ``s3a://bucket/prefix``; any other scheme fails here, naming the key."""
     try:
-        if "://" in value:
-            normalize(value)
-            if not value.partition("://")[2].partition("/")[0]:
-                raise ConfigError(f"{value}: no bucket; give s3a://bucket/prefix")
+        normalized = normalize(value)  # a relative path is kept as given (the runtime folder's)
+        if normalized.startswith("s3a://") and not normalized.removeprefix("s3a://"):
+            raise ConfigError(f"{value}: no bucket; give s3a://bucket/prefix")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {key}: {exc}") from None
-    return value.rstrip("/") if "://" in value else value
+    return normalized if normalized.startswith("s3a://") else value
 
 
 def _parse_spark_conf(value: Any, source: str) -> dict[str, str]:

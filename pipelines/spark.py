@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from pipelines.errors import ConfigError
 from pipelines.jvm import (
     CHECKPOINT_MANAGER_CLASS,
     LOG_STORE_CLASS,
@@ -141,8 +142,38 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
         conf.update(LOOPBACK_DRIVER)  # embedded runs listen on loopback only
     if s3_jars:
         conf.update(s3a_conf(settings))
+    refuse_unsafe_overrides(settings.spark_conf)
     conf.update(settings.spark_conf)
     return conf
+
+
+#: Settings one writer per flow rests on (docs/object-storage.md); ``spark_conf`` may not change
+#: them, since a plain PUT in any of these places could overwrite another driver's commit.
+SAFETY_KEYS = (
+    "spark.delta.logStore.s3a.impl",
+    "spark.delta.logStore.s3.impl",
+    "spark.sql.streaming.checkpointFileManagerClass",
+    "spark.hadoop.fs.s3a.create.conditional.enabled",
+)
+
+
+def refuse_unsafe_overrides(overrides: Mapping[str, str]) -> None:
+    """Fail naming the key if user settings change how commits are made on S3.
+
+    Raises:
+        ConfigError: a safety key (or a per-bucket ``fs.s3a.bucket.*.create.conditional.enabled``)
+            set to anything but Conflux's own value.
+    """
+    for key, value in overrides.items():
+        per_bucket = key.startswith("spark.hadoop.fs.s3a.bucket.") and key.endswith(
+            ".create.conditional.enabled"
+        )
+        wanted = S3A_CONF.get(key, "true" if per_bucket else None)
+        if (key in SAFETY_KEYS or per_bucket) and value != wanted:
+            raise ConfigError(
+                f"spark_conf: {key}={value} would let a commit on S3 overwrite another driver's "
+                f"(Conflux sets {wanted}; docs/object-storage.md): remove it from spark_conf"
+            )
 
 
 def get_spark_session(

@@ -210,7 +210,8 @@ class S3Connection:
             config = config.merge(
                 Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1})
             )
-        return boto3.client(
+        # a session of its own: boto3's default session is not safe to build clients from threads
+        return boto3.session.Session().client(
             "s3",
             endpoint_url=self.endpoint,
             region_name=self.region,
@@ -396,7 +397,14 @@ class S3Storage:
             bucket, keys = _keys_under(self._client, uri)
             for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 keys at most
                 chunk = [{"Key": key} for key in keys[start : start + 1000]]
-                self._client.delete_objects(Bucket=bucket, Delete={"Objects": chunk})
+                answer = self._client.delete_objects(Bucket=bucket, Delete={"Objects": chunk})
+                failed = answer.get("Errors") or []  # a 200 may still list keys it kept
+                if failed:
+                    first = failed[0]
+                    raise StorageError(
+                        f"{uri}: the S3 store kept {len(failed)} of the objects to delete, e.g. "
+                        f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                    )
 
     def move_tree(self, uri: str, target: str) -> None:
         source_prefix = split_s3(uri)[1].rstrip("/")

@@ -65,14 +65,24 @@ def _local_path(value: str) -> str:
 def _table_location(value: str) -> str:
     """A table's location: a path, or a URI on a store Conflux can commit to exactly once (the
     rule of :func:`pipelines.location.normalize`, checked here to name the spec's field)."""
-    scheme = urlparse(value).scheme
-    if scheme not in ("", "file", "s3a", "s3") or (scheme and "://" not in value):
+    parsed = urlparse(value)
+    scheme = parsed.scheme
+    if scheme not in ("", "file", "s3a", "s3") or (scheme in ("s3a", "s3") and "://" not in value):
         raise _error(
             f"{value!r}: Conflux keeps tables on the local disk (a path) or on an S3-compatible "
             f"store (s3a://bucket/prefix), not on {scheme or value.partition(':')[0]}:"
         )
-    if scheme in ("s3a", "s3") and not value.partition("://")[2].partition("/")[0]:
-        raise _error(f"{value!r} names no bucket; give s3a://bucket/prefix")
+    if scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise _error(f"{value!r}: a file: URI names a local path (file:///path), not a host")
+    if scheme in ("s3a", "s3"):
+        bucket, _, key = value.partition("://")[2].partition("/")
+        if not bucket:
+            raise _error(f"{value!r} names no bucket; give s3a://bucket/prefix")
+        if not key.strip("/"):
+            raise _error(
+                f"{value!r} is a bucket's root; give the table a prefix of its own "
+                "(s3a://bucket/prefix): its side tables sit beside it"
+            )
     return value
 
 

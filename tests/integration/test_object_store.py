@@ -49,6 +49,29 @@ def test_the_storage_contract(store: tuple[Callable[[], StateStorage], str]) -> 
     assert storage.create(second, b"again") is True
 
 
+def test_folders_exist_move_and_go_as_a_whole(
+    store: tuple[Callable[[], StateStorage], str],
+) -> None:
+    """What a reset does to a checkpoint: move it into the archive, later delete the archive. A
+    sibling whose name starts like the folder's is not part of it."""
+    make, folder = store
+    storage = make()
+    checkpoint, sibling = f"{folder}/ck", f"{folder}/ck-other"
+    for name in ("offsets/0", "offsets/1", "commits/0", "metadata"):
+        storage.write(f"{checkpoint}/{name}", name.encode())
+    storage.write(f"{sibling}/x", b"x")
+    assert storage.exists(checkpoint) and storage.exists(f"{checkpoint}/metadata")
+    assert not storage.exists(f"{checkpoint}/offsets/2") and not storage.exists(f"{folder}/c")
+    archived = f"{folder}/_archive/ck-1"
+    storage.move_tree(checkpoint, archived)
+    assert not storage.exists(checkpoint) and storage.exists(sibling)
+    assert storage.list(f"{archived}/offsets") == ["0", "1"]
+    assert storage.read(f"{archived}/commits/0") == b"commits/0"
+    storage.delete_tree(f"{folder}/_archive")
+    assert not storage.exists(archived) and storage.read(f"{sibling}/x") == b"x"
+    storage.delete_tree(f"{folder}/_archive")  # gone already: nothing
+
+
 def race(clients: list[StateStorage], key: str) -> list[int]:
     """Every client creates ``key`` at once; the indexes of those told they created it."""
     start = threading.Barrier(len(clients))

@@ -108,6 +108,22 @@ class FakeS3:
         self.objects.pop(Key, None)
         return {}
 
+    def get_paginator(self, _operation: str) -> FakeS3:
+        return self
+
+    def paginate(self, Bucket: str, Prefix: str) -> list[dict]:  # noqa: N803
+        return [{"Contents": [{"Key": k} for k in sorted(self.objects) if k.startswith(Prefix)]}]
+
+    def delete_objects(self, Bucket: str, Delete: dict) -> dict:  # noqa: N803
+        """Deletes all but the keys in ``self.kept``, which it lists as errors (with a 200)."""
+        errors = []
+        for item in Delete["Objects"]:
+            if item["Key"] in getattr(self, "kept", ()):
+                errors.append({"Key": item["Key"], "Code": "AccessDenied", "Message": "no"})
+            else:
+                self.objects.pop(item["Key"], None)
+        return {"Errors": errors} if errors else {}
+
 
 def s3(client: FakeS3, name: str) -> S3Storage:
     """A storage on ``client``; its own endpoint, so each test checks conditional writes anew."""
@@ -141,3 +157,15 @@ def test_a_store_without_conditional_writes_is_refused_naming_the_fix() -> None:
 
 def test_keys_keep_every_character() -> None:
     assert split_s3("s3a://b/flows/a?b#c.json") == ("b", "flows/a?b#c.json")
+
+
+def test_a_partial_delete_is_an_error_not_a_success() -> None:
+    from pipelines.storage import StorageError
+
+    client = FakeS3()
+    for key in ("ck/offsets/0", "ck/offsets/1", "ck-other/x"):
+        client.objects[key] = (b"", {})
+    client.kept = {"ck/offsets/1"}  # type: ignore[attr-defined]
+    with pytest.raises(StorageError, match=r"kept 1 of the objects to delete, e\.g\. ck/offsets/1"):
+        s3(client, "partial").delete_tree("s3a://b/ck")
+    assert set(client.objects) == {"ck/offsets/1", "ck-other/x"}  # a sibling prefix untouched

@@ -106,3 +106,45 @@ def test_a_failed_expectation_stops_its_flow_and_the_others_with_it() -> None:
     )
     assert other == FlowStopped("b", StopReason.OTHER_FLOW_FAILED, failed.message, "a.silver")
     assert queries["b"].stopped
+
+
+def _guard(tmp_path: Any, owner: str, holder: str | None, released: bool = False) -> Any:
+    """A guard of ``owner`` over a lease store whose newest term is ``holder``'s (None: none)."""
+    from pipelines.lease import FileLeaseStore, FlowLease, LeaseGuard
+
+    store = FileLeaseStore(tmp_path / "lease")
+    if holder is not None:
+        lease = FlowLease("a", store, holder, {"host": "h"}, duration=30.0)
+        lease.acquire()
+        if released:
+            lease.release()
+    return LeaseGuard("a", store, owner)
+
+
+def test_a_failure_after_another_owner_took_the_lease_is_the_lost_lease(tmp_path: Any) -> None:
+    """A zombie woken past its lease: its commit is refused (the query fails) because the new
+    owner made it first. Reported as the lost lease, with the query's own error beside it."""
+    guard = _guard(tmp_path, "zombie", holder="new-owner")
+    query = EndingQuery(active_reads=0, error="FileAlreadyExistsException: offsets/7")
+    ending = supervise({"a": query}, StopRequest(None), Reporter(), guards=[guard])
+    assert ending.code == EXIT_LEASE
+    assert ending.stops[0].reason is StopReason.LEASE_LOST
+    assert "the lease is no longer zombie's" in ending.stops[0].message
+    assert "a failed meanwhile: FileAlreadyExistsException: offsets/7" in ending.stops[0].message
+
+
+def test_a_failure_while_the_lease_is_still_ours_is_the_failure(tmp_path: Any) -> None:
+    guard = _guard(tmp_path, "owner", holder="owner")
+    ending = supervise({"a": EndingQuery(0, error="boom")}, StopRequest(None), Reporter(), [guard])
+    assert ending.code == EXIT_FAILED and ending.stops[0].reason is StopReason.CRASH
+
+
+def test_a_lease_store_that_fails_one_read_is_ridden_out(tmp_path: Any) -> None:
+    from pipelines.lease import LeaseGuard
+    from pipelines.runner import lease_problem
+
+    class Unreachable:
+        def latest(self) -> None:
+            raise OSError("the S3 store at http://s3.test failed: read timeout")
+
+    assert lease_problem([LeaseGuard("a", Unreachable(), "owner")]) is None  # type: ignore[arg-type]
