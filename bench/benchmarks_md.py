@@ -150,10 +150,27 @@ def latency_section(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n![latency distribution](bench/results/latency.png)"
 
 
+def store_section(data: dict[str, Any]) -> str:
+    from bench.store import markdown_table
+
+    return "\n\n".join([
+        "## Local disk against an S3 store",
+        "The same measurements in one run, once with the lake and the checkpoints on the local "
+        "disk, once on the benchmark's own S3 store (`lake_root` / `checkpoints_root` on "
+        "`s3a://`): bronze throughput of Conflux's flow on the same records, produce → visible "
+        "in bronze read by delta-rs where the table lives, a small Delta append from Spark "
+        "(on S3 through Conflux's conditional log store), a lease renew. "
+        f"**{data['label']}.**",
+        *([f"Measured in a run of its own, {data['run']['started_at']}: "
+           f"`{data['run']['command']}`."] if "run" in data else []),
+        markdown_table(data),
+    ])  # fmt: skip
+
+
 def other_results(document: dict[str, Any]) -> str:
     """Rows of the benchmarks this module has no section for (session start, broker, silver...)."""
     rows = [r for r in document["rows"]
-            if r["benchmark"] not in ("bronze_throughput", "e2e_latency")]  # fmt: skip
+            if r["benchmark"] not in ("bronze_throughput", "e2e_latency", "store")]  # fmt: skip
     if not rows:
         return ""
     lines = ["## Other benchmarks of this run", "| benchmark | metric | value | notes |",
@@ -190,6 +207,8 @@ def markdown(document: dict[str, Any]) -> str:
         parts.append(throughput_section(results["bronze_throughput"]))
     if "e2e_latency" in results:
         parts.append(latency_section(results["e2e_latency"]))
+    if "store" in results:
+        parts.append(store_section(results["store"]))
     other = other_results(document)
     if other:
         parts.append(other)

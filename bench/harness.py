@@ -10,13 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipelines.processes import group_pids
-from pipelines.settings import load_settings, settings_environment
+from pipelines.settings import Settings, load_settings, settings_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = PROJECT_ROOT / "bench"
@@ -49,6 +49,8 @@ class Outcome:
     rows: list[Row]
     data: dict[str, Any]
     extra: str = ""
+    #: The heading of ``extra`` after the benchmark's name.
+    extra_title: str = "every run"
 
 
 def say(message: str) -> None:
@@ -73,26 +75,41 @@ def run_id(workdir: Path) -> str:
     return workdir.name.lower()
 
 
-def conflux_env(
+def bench_settings(
     runtime_dir: Path,
     jars_dir: Path,
     bootstrap: str | None = None,
     spark_conf: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """A child environment where ``load_settings()`` points at ``runtime_dir`` (UI off).
-
-    Mirrors ``settings_env`` of the integration tests: inherited ``CONFLUX_*`` variables are
-    dropped, and so is a Dagster Pipes context, so the runner reports on stdout only.
-    ``spark_conf`` adds Spark settings (``CONFLUX_SPARK_CONF``).
-    """
-    settings = replace(
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Settings of a benchmark process in ``runtime_dir`` (UI off), ignoring this process's
+    ``CONFLUX_*`` variables. ``overrides``: other fields of :class:`Settings` (the lake and
+    checkpoint roots and the S3 store of the ``store`` benchmark)."""
+    return replace(
         load_settings(environ={}),
         runtime_dir=runtime_dir,
         jars_dir=jars_dir,
         flows_dir=runtime_dir / "flows",
         kafka_bootstrap_servers=bootstrap,
         spark_conf={"spark.ui.enabled": "false", **(spark_conf or {})},
+        **(overrides or {}),
     )
+
+
+def conflux_env(
+    runtime_dir: Path,
+    jars_dir: Path,
+    bootstrap: str | None = None,
+    spark_conf: dict[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """A child environment where ``load_settings()`` returns :func:`bench_settings`.
+
+    Mirrors ``settings_env`` of the integration tests: inherited ``CONFLUX_*`` variables are
+    dropped, and so is a Dagster Pipes context, so the runner reports on stdout only.
+    ``spark_conf`` adds Spark settings (``CONFLUX_SPARK_CONF``).
+    """
+    settings = bench_settings(runtime_dir, jars_dir, bootstrap, spark_conf, overrides)
     base = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES_")}
     env = settings_environment(settings, base)
     return env
@@ -264,14 +281,21 @@ def serve_plan_child(
 
 
 def run_plan_child(
-    name: str, plan: Any, workdir: Path, jars_dir: Path, result_prefix: str
+    name: str,
+    plan: Any,
+    workdir: Path,
+    jars_dir: Path,
+    result_prefix: str,
+    overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``bench/<name>.py --plan <plan as JSON>`` in a runtime folder of its own (log
-    ``<workdir>/<name>.log``) and return the JSON line it printed after ``result_prefix``."""
+    ``<workdir>/<name>.log``) and return the JSON line it printed after ``result_prefix``.
+    ``overrides``: settings fields of the child (:func:`bench_settings`); they reach it through
+    its environment, never its command line (an S3 secret among them)."""
     output = run_python(
         f"{name}.py",
         ["--plan", json.dumps(plan.__dict__)],
-        conflux_env(workdir / name, jars_dir),
+        conflux_env(workdir / name, jars_dir, overrides=overrides),
         workdir / f"{name}.log",
         6 * 3600,
     )

@@ -8,7 +8,8 @@ commit pays for a big table's log), then events are produced at each rate in tur
 the measured seconds; the runner must catch up before the next rate, else the rate is reported as
 where it broke. Runners: ``conflux`` (the bronze flow in continuous mode with the given trigger
 interval) and ``deltars`` (``bench/python_writer.py`` committing what arrived at least every
-interval), each on a topic of its own.
+interval), each on a topic of its own. The table may be on an S3 store (the ``store`` benchmark):
+the reader then reaches it with delta-rs's storage options, as a reader of that store would.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from bench.delta_commits import commit_actions, commit_versions
 from bench.harness import (
     BENCH_DIR,
     PYTHON,
@@ -35,6 +38,7 @@ from bench.harness import (
     Child,
     Outcome,
     Row,
+    bench_settings,
     conflux_env,
     run_id,
     say,
@@ -47,6 +51,7 @@ from bench.orders import (
     produce_fast,
     produce_paced,
 )
+from pipelines.location import Location
 
 FLOW = "bench_latency"
 TABLE = "bronze_bench_latency"
@@ -85,7 +90,7 @@ class Phase:
 class VersionPoller:
     """A delta-rs reader in a thread: when each version of the table was first seen, rows so far."""
 
-    def __init__(self, table: Path) -> None:
+    def __init__(self, table: Location) -> None:
         self.table = table
         self.seen: dict[int, float] = {}
         self.rows = 0
@@ -101,9 +106,11 @@ class VersionPoller:
         try:
             while not self._stop.wait(POLL_SECONDS):
                 if table is None:
-                    if not any((self.table / "_delta_log").glob("*.json")):
+                    if not commit_versions(self.table):
                         continue  # no commit yet
-                    table = DeltaTable(str(self.table))
+                    table = DeltaTable(
+                        str(self.table), storage_options=self.table.delta_rs_options()
+                    )
                 else:
                     table.update_incremental()
                 version = table.version()
@@ -132,12 +139,10 @@ class VersionPoller:
         self._thread.join()
 
 
-def _added(table: Path, version: int) -> list[tuple[str, int]]:
+def _added(table: Location, version: int) -> list[tuple[str, int]]:
     """(data file, rows) of what commit ``version`` added (row counts from its stats)."""
-    log = table / "_delta_log" / f"{version:020d}.json"
     result = []
-    for line in log.read_text().splitlines():
-        action = json.loads(line)
+    for action in commit_actions(table, version):
         if "add" in action and action["add"].get("stats"):
             rows = int(json.loads(action["add"]["stats"])["numRecords"])
             result.append((unquote(action["add"]["path"]), rows))
@@ -173,10 +178,23 @@ def _command(runner: str, plan: Plan, runtime: Path, topic: str, bootstrap: str)
     return [*command, "--max-wait-ms", str(plan.interval_ms), "--commit-records", "250000"]
 
 
-def run_runner(runner: str, plan: Plan, workdir: Path, jars_dir: Path, bootstrap: str) -> dict:
-    runtime = workdir / f"latency-{runner}"
-    topic = f"bench_latency_{runner}_{run_id(workdir)}"
-    table = runtime / "lake" / "bronze" / TABLE if runner == "conflux" else runtime / "table"
+def run_runner(
+    runner: str,
+    plan: Plan,
+    workdir: Path,
+    jars_dir: Path,
+    bootstrap: str,
+    overrides: Mapping[str, Any] | None = None,
+    tag: str = "",
+) -> dict:
+    """One runner's phases. ``overrides``: settings fields of Conflux's runner (its lake and
+    checkpoints on S3); ``tag``: part of the runtime folder's and the topic's names."""
+    runtime = workdir / f"latency-{runner}{tag}"
+    topic = f"bench_latency_{runner}{tag}_{run_id(workdir)}"
+    if runner == "conflux":
+        table = bench_settings(runtime, jars_dir, overrides=overrides).lake / "bronze" / TABLE
+    else:
+        table = Location.local(runtime / "table")
     create_topic(bootstrap, topic, partitions=3)
     say(f"latency {runner}: {plan.table_rows:,} records first, so the table holds them")
     produce_fast(bootstrap, topic, plan.table_rows)
@@ -184,9 +202,8 @@ def run_runner(runner: str, plan: Plan, workdir: Path, jars_dir: Path, bootstrap
     phases: list[Phase] = []
     poller = VersionPoller(table)
     try:
-        with Child(
-            command, conflux_env(runtime, jars_dir, bootstrap), runtime / "run.log"
-        ) as child:
+        env = conflux_env(runtime, jars_dir, bootstrap, overrides=overrides)
+        with Child(command, env, runtime / "run.log") as child:
             if poller.wait_rows(plan.table_rows, 600) is None:
                 raise BenchError(f"{runner} did not write {plan.table_rows} rows in 600 s:\n"
                                  f"{child.tail()}")  # fmt: skip
@@ -212,13 +229,15 @@ def run_runner(runner: str, plan: Plan, workdir: Path, jars_dir: Path, bootstrap
     return {"runner": runner, "phases": [asdict(p) for p in phases], "peak_rss_mb": peak_rss_mb}
 
 
-def measure(table: Path, seen: dict[int, float], phases: list[Phase]) -> None:
+def measure(table: Location, seen: dict[int, float], phases: list[Phase]) -> None:
     """Fill each phase's latency percentiles from the data files of every version seen."""
     latencies: dict[str, list[float]] = {f"{p.rate:g}": [] for p in phases}
     commits: dict[str, set[int]] = {key: set() for key in latencies}
     for version, seen_at in sorted(seen.items()):
         for path, _ in _added(table, version):
-            data = pq.read_table(table / path, columns=["key", "kafka_timestamp"])
+            data = pq.read_table(
+                pa.BufferReader((table / path).read_bytes()), columns=["key", "kafka_timestamp"]
+            )
             keys = pc.cast(data["key"], "string").to_pylist()
             stamps = data["kafka_timestamp"]
             per_ms = UNITS_PER_MS[stamps.type.unit]

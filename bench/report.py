@@ -43,7 +43,7 @@ def markdown_block(meta: dict[str, Any], outcomes: dict[str, Outcome]) -> str:
     ]
     for name, outcome in outcomes.items():
         if outcome.extra:
-            parts += [f"### {name}: every run", outcome.extra]
+            parts += [f"### {name}: {outcome.extra_title}", outcome.extra]
     return "\n\n".join(parts)
 
 

@@ -1,5 +1,6 @@
 """Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency;
-on request (``--only``) silver's MERGE throughput and latency, and reads before / after OPTIMIZE.
+on request (``--only``) silver's MERGE throughput and latency, reads before / after OPTIMIZE, and
+the local disk against an S3 store (``store``: the benchmark's own s3proxy on loopback).
 
 Usage (from the project root)::
 
@@ -45,6 +46,7 @@ from bench.session_start import run_session_start
 from bench.silver_latency import run_silver_latency
 from bench.stateful import Plan as StatefulPlan
 from bench.stateful import run_gold_stateful
+from bench.store import StorePlan, run_store
 from bench.throughput import RUNNERS, Setup, run_throughput
 from pipelines.settings import load_settings
 
@@ -59,6 +61,7 @@ BENCHMARKS = (
     "rules_throughput",
     "gold_stateful",
     "gold_join",
+    "store",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
 ON_REQUEST = {
@@ -68,8 +71,9 @@ ON_REQUEST = {
     "rules_throughput",
     "gold_stateful",
     "gold_join",
+    "store",  # ~8 minutes at the default size
 }
-NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency"}
+NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency", "store"}
 
 
 #: What --quick changes (options given on the command line win).
@@ -82,6 +86,12 @@ QUICK: dict[str, Any] = {
     "latency_warmup": 2.0,
     "latency_rates": [500.0, 2_000.0],
     "latency_table_rows": 20_000,
+    "store_records": 20_000,
+    "store_commit_records": 5_000,
+    "store_pace": [500.0, 5.0],
+    "store_table_rows": 5_000,
+    "store_appends": 5,
+    "store_renews": 20,
 }
 
 
@@ -249,6 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--join-rounds", type=int, default=10, help="gold_join: appends, each run to its end"
     )
+    add_store_arguments(parser)
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument(
         "--write-benchmarks",
@@ -263,6 +274,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
     return args
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    store = parser.add_argument_group("store (local disk against the benchmark's own S3 store)")
+    store.add_argument(
+        "--store-records", type=int, default=200_000, help="bronze throughput: topic size"
+    )
+    store.add_argument(
+        "--store-commit-records", type=int, default=50_000, help="bronze throughput: per commit"
+    )
+    store.add_argument("--store-repeats", type=int, default=1, help="bronze throughput: runs each")
+    store.add_argument(
+        "--store-pace",
+        type=float,
+        nargs=2,
+        default=[500.0, 60.0],
+        metavar=("RATE", "SECONDS"),
+        help="produce → visible: events/s and seconds measured (after --latency-warmup)",
+    )
+    store.add_argument(
+        "--store-table-rows", type=int, default=50_000, help="produce → visible: rows first"
+    )
+    store.add_argument("--store-appends", type=int, default=30, help="small Delta appends each")
+    store.add_argument("--store-append-rows", type=int, default=5, help="rows per small append")
+    store.add_argument("--store-renews", type=int, default=200, help="lease renews each")
 
 
 class Bench:
@@ -323,6 +359,8 @@ class Bench:
             self.latency(bootstrap)
         if "silver_latency" in self.selected:
             self.silver_latency(bootstrap)
+        if "store" in self.selected:
+            self.store(bootstrap)
 
     def throughput(self, bootstrap: str) -> None:
         a = self.args
@@ -361,6 +399,16 @@ class Bench:
             a.silver_designs, a.silver_intervals,
         )  # fmt: skip
         self.record("silver_latency", outcome)
+
+    def store(self, bootstrap: str) -> None:
+        a = self.args
+        plan = StorePlan(
+            a.store_records, a.store_commit_records, a.store_repeats, a.store_pace[0],
+            a.store_pace[1], a.latency_warmup, a.latency_interval_ms, a.store_table_rows,
+            a.store_appends, a.store_append_rows, a.store_renews,
+        )  # fmt: skip
+        outcome = run_store(self.workdir, self.jars_dir, bootstrap, plan, command_line())
+        self.record("store", outcome)
 
 
 def command_line() -> str:

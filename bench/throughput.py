@@ -19,7 +19,7 @@ table is then read back with delta-rs: exactly the topic's records, each (partit
 from __future__ import annotations
 
 import json
-import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow.compute as pc
 import yaml
 
-from bench.delta_commits import data_commits
+from bench.delta_commits import data_commits, location_of
 from bench.harness import (
     BENCH_DIR,
     PYTHON,
@@ -36,6 +36,7 @@ from bench.harness import (
     Child,
     Outcome,
     Row,
+    bench_settings,
     conflux_env,
     last_json_line,
     median,
@@ -43,6 +44,7 @@ from bench.harness import (
     say,
 )
 from bench.orders import ProduceStats, create_topic, delete_topic, produce_fast
+from pipelines.location import Location
 
 FLOW = "bench_orders"
 TABLE = "bronze_bench_orders"
@@ -59,6 +61,10 @@ class Setup:
     commit_records: int
     runners: tuple[str, ...] = RUNNERS
     keep_tables: bool = False
+    #: Settings fields of Conflux's runner (the ``store`` benchmark: lake and checkpoints on S3).
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    #: Part of the topic's name, so that two benchmarks of one run never share a topic.
+    topic_tag: str = ""
 
 
 @dataclass
@@ -92,7 +98,7 @@ class Run:
 
 
 def topic_of(setup: Setup, records: int) -> str:
-    return f"bench_orders_{records}_{run_id(setup.workdir)}"
+    return f"bench_orders{setup.topic_tag}_{records}_{run_id(setup.workdir)}"
 
 
 def conflux_spec(topic: str, commit_records: int) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def conflux_spec(topic: str, commit_records: int) -> dict[str, Any]:
 
 
 def _command(
-    setup: Setup, runner: str, topic: str, runtime: Path, table: Path
+    setup: Setup, runner: str, topic: str, runtime: Path, table: Location
 ) -> tuple[list[str], str]:
     """The runner's command line and the text it prints when its query / loop started."""
     if runner == "conflux":
@@ -130,11 +136,20 @@ def _command(
     return [*command, "--commit-records", str(setup.commit_records)], "bench.writer started"
 
 
+def table_of(setup: Setup, runner: str, runtime: Path) -> Location:
+    """Where the runner writes: Conflux's bronze table under its settings' lake, a local
+    folder for the others."""
+    if runner != "conflux":
+        return Location.local(runtime / "table")
+    settings = bench_settings(runtime, setup.jars_dir, setup.bootstrap, overrides=setup.overrides)
+    return settings.lake / "bronze" / TABLE
+
+
 def run_one(setup: Setup, runner: str, records: int, index: int) -> Run:
     runtime = setup.workdir / f"{runner}-{records}-{index}"
-    table = runtime / "lake" / "bronze" / TABLE if runner == "conflux" else runtime / "table"
+    table = table_of(setup, runner, runtime)
     command, started_text = _command(setup, runner, topic_of(setup, records), runtime, table)
-    env = conflux_env(runtime, setup.jars_dir, setup.bootstrap)
+    env = conflux_env(runtime, setup.jars_dir, setup.bootstrap, overrides=setup.overrides)
     with Child(command, env, runtime / "run.log") as child:
         query_started = child.wait_for_text(started_text, RUN_TIMEOUT)
         wall = child.wait_ok(RUN_TIMEOUT)
@@ -154,7 +169,7 @@ def run_one(setup: Setup, runner: str, records: int, index: int) -> Run:
         sizes = [c.records for c in commits]
         rows, distinct, offsets = verify_table(table, records)
     if not setup.keep_tables:
-        shutil.rmtree(table, ignore_errors=True)
+        table.remove_tree()
     commit_seconds = [b - a for a, b in pairwise(ends)]
     steady_seconds = ends[-1] - ends[1]
     return Run(
@@ -176,13 +191,15 @@ def run_one(setup: Setup, runner: str, records: int, index: int) -> Run:
     )
 
 
-def verify_table(table: Path, records: int) -> tuple[int, int, list[list[int]]]:
+def verify_table(table: Path | Location, records: int) -> tuple[int, int, list[list[int]]]:
     """(rows, distinct (partition, offset), per partition [partition, first, last, records]) of
     ``table``, read with delta-rs; raises unless rows and distinct offsets both equal ``records``
     and every partition's offsets run from 0 without a gap."""
     from deltalake import DeltaTable
 
-    coordinates = DeltaTable(str(table)).to_pyarrow_table(columns=["partition", "offset"])
+    location = location_of(table)
+    delta = DeltaTable(str(location), storage_options=location.delta_rs_options())
+    coordinates = delta.to_pyarrow_table(columns=["partition", "offset"])
     per_partition = coordinates.group_by("partition").aggregate(
         [("offset", "count"), ("offset", "count_distinct"), ("offset", "min"), ("offset", "max")]
     )
@@ -204,7 +221,7 @@ def verify_table(table: Path, records: int) -> tuple[int, int, list[list[int]]]:
     return coordinates.num_rows, distinct, offsets
 
 
-def _check_same_offsets(runs: list[Run]) -> None:
+def check_same_offsets(runs: list[Run]) -> None:
     """Every runner got exactly the same (partition, first, last, count) per partition."""
     distinct = {json.dumps(r.offsets) for r in runs}
     if len(distinct) > 1:
@@ -240,7 +257,7 @@ def run_throughput(setup: Setup, sizes: list[int], repeats: int) -> Outcome:
                     f"steady {run.steady_records_per_second:,.0f} records/s")  # fmt: skip
                 runs.append(run)
         delete_topic(setup.bootstrap, topic)  # frees its disk before the next size
-        _check_same_offsets([r for r in runs if r.records == records])
+        check_same_offsets([r for r in runs if r.records == records])
     return outcome(produced, runs, setup)
 
 

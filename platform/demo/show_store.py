@@ -60,7 +60,7 @@ def show_flow(client: Any, catalog: FlowCatalog) -> None:
         commits = [n for n in log.names() if n.endswith(".json") and n[:-5].isdigit()]
         plain = _untagged(client, log, commits)
         verdict = "every commit conditional" if not plain else f"PLAIN PUTs: {plain[:3]}"
-        print(f"  {table.id:<22} {_size(objects):<28} {len(commits)} versions, {verdict}")
+        print(f"  {table.id:<30} {_size(objects):<26} {len(commits)} versions, {verdict}")
     checkpoints = catalog.query_checkpoints()
     for stage, checkpoint in checkpoints.items():
         files = {
@@ -74,7 +74,7 @@ def show_flow(client: Any, catalog: FlowCatalog) -> None:
         ]
         verdict = "all conditional" if not plain else f"PLAIN PUTs: {plain[:3]}"
         print(
-            f"  checkpoint {stage:<13} {len(files['offsets'])} offsets, "
+            f"  checkpoint {stage:<24} {len(files['offsets'])} offsets, "
             f"{len(files['commits'])} commits, {verdict}"
         )
     terms = catalog.state.lease_dir.names()

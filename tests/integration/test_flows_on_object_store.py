@@ -149,8 +149,8 @@ def test_a_zombie_driver_writes_nothing_after_another_took_the_flow_over(
     env_b = {**settings_env(host_b), "CONFLUX_FLOWS_DIR": str(flows)}
     state = FlowState.of(spec, host_a)
     files = FlowFiles.of(spec, host_a)
-    records = order_payloads(4000)
-    produce(kafka_broker.bootstrap_servers, topic, records[:2000])
+    records = order_payloads(2400)
+    produce(kafka_broker.bootstrap_servers, topic, records[:1200])
 
     zombie = Launcher(env_a, tmp_path / "a.log", "store_zombie", "--continuous")
     wait_for(lambda: "conflux.progress " in zombie.output(), 300, "host A's first batch")
@@ -161,7 +161,7 @@ def test_a_zombie_driver_writes_nothing_after_another_took_the_flow_over(
     try:
         # past the lease: host B (another runtime folder, the same store) takes the flow over
         wait_for(lambda: time.time() > term.expires_at + 1, 3 * lease_seconds, "the lease to lapse")
-        produce(kafka_broker.bootstrap_servers, topic, records[2000:])
+        produce(kafka_broker.bootstrap_servers, topic, records[1200:])
         taken = subprocess.run(
             [CONFLUX, "run", "store_zombie", "--once"], env=env_b, capture_output=True,
             text=True, timeout=600, check=False,

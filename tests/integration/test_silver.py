@@ -27,7 +27,7 @@ Spark, Delta and kill windows as on a local disk, plus Conflux's conditional-wri
 checkpoint manager, and every Delta commit and offset / commit-log file is checked to carry a
 writer id), and runs on both the local disk and the store under ``make chaos``.
 
-Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 10,000) for the first test,
+Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 4,000; ``make chaos``: 10,000) for the first test,
 ``SILVER_KILL_KEYS`` (2,000, produced in three tranches, one before each killed run, so every
 run has fresh batches to kill in; the third feeds the catch-up, or ``make chaos``'s third kill) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small
 batches) for the second; ``CDC_SEED`` fixes the stream, ``KILL_SEED`` replays a kill schedule.
@@ -87,7 +87,7 @@ from tests.support.delta_read import delta_table, read_rows
 from tests.support.runtime import KafkaBroker
 from tests.support.tables import silver_path
 
-CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "10000"))
+CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "4000"))
 KILL_KEYS = int(os.environ.get("SILVER_KILL_KEYS", "2000"))
 MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("SILVER_MAX_OFFSETS_PER_TRIGGER", "400"))
 CDC_SEED = int(os.environ.get("CDC_SEED", "20260101"))
