@@ -1,6 +1,7 @@
 """Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency;
 on request (``--only``) silver's MERGE throughput and latency, reads before / after OPTIMIZE, and
-the local disk against an S3 store (``store``: the benchmark's own s3proxy on loopback).
+the local disk against an S3 store (``store``: the benchmark's own s3proxy on loopback; and
+``silver_store``: silver's produce → visible latency on each).
 
 Usage (from the project root)::
 
@@ -43,7 +44,7 @@ from bench.report import RESULTS_HEADER, document, markdown_block, write_json
 from bench.rules import Plan as RulesPlan
 from bench.rules import run_rules_throughput
 from bench.session_start import run_session_start
-from bench.silver_latency import run_silver_latency
+from bench.silver_latency import run_silver_latency, run_silver_store
 from bench.stateful import Plan as StatefulPlan
 from bench.stateful import run_gold_stateful
 from bench.store import StorePlan, run_store
@@ -62,6 +63,7 @@ BENCHMARKS = (
     "gold_stateful",
     "gold_join",
     "store",
+    "silver_store",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
 ON_REQUEST = {
@@ -72,8 +74,16 @@ ON_REQUEST = {
     "gold_stateful",
     "gold_join",
     "store",  # ~8 minutes at the default size
+    "silver_store",  # ~6 minutes at the default size
 }
-NEEDS_BROKER = {"broker_start", "bronze_throughput", "e2e_latency", "silver_latency", "store"}
+NEEDS_BROKER = {
+    "broker_start",
+    "bronze_throughput",
+    "e2e_latency",
+    "silver_latency",
+    "store",
+    "silver_store",
+}
 
 
 #: What --quick changes (options given on the command line win).
@@ -209,6 +219,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("stream", "bronze_batch"),
         default=["stream", "bronze_batch"],
         help="silver_latency: chaining designs",
+    )
+    parser.add_argument(
+        "--silver-store-design",
+        choices=("stream", "bronze_batch"),
+        default="stream",
+        help="silver_store: the chaining design run on the local disk and on the S3 store "
+        "(at --silver-pace, trigger the first of --silver-intervals)",
     )
     parser.add_argument(
         "--silver-intervals",
@@ -361,6 +378,8 @@ class Bench:
             self.silver_latency(bootstrap)
         if "store" in self.selected:
             self.store(bootstrap)
+        if "silver_store" in self.selected:
+            self.silver_store(bootstrap)
 
     def throughput(self, bootstrap: str) -> None:
         a = self.args
@@ -409,6 +428,15 @@ class Bench:
         )  # fmt: skip
         outcome = run_store(self.workdir, self.jars_dir, bootstrap, plan, command_line())
         self.record("store", outcome)
+
+    def silver_store(self, bootstrap: str) -> None:
+        a = self.args
+        outcome = run_silver_store(
+            self.workdir, self.jars_dir, bootstrap,
+            Pace(a.silver_pace[0], a.silver_pace[1], a.latency_warmup),
+            a.silver_store_design, a.silver_intervals[0], command_line(),
+        )  # fmt: skip
+        self.record("silver_store", outcome)
 
 
 def command_line() -> str:

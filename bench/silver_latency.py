@@ -16,6 +16,11 @@ produce time, for the events after the warm-up.
 Designs compared in one run, each with a fresh flow, topic and runner: ``chaining: stream`` (silver
 as its own query reading the bronze table) and ``chaining: bronze_batch`` (silver written in
 bronze's ``foreachBatch``), for each trigger interval asked for.
+
+``silver_store`` (:func:`run_silver_store`): one design, the same rate and duration, run twice in
+one run: the lake and checkpoints on the local disk, then on the benchmark's own S3 store
+(s3proxy on loopback, ``bench/own_store.py``); the reader opens the ``s3a://`` current table with
+delta-rs's storage options. Every store figure carries ``bench.store.LABEL``.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from deltalake import DeltaTable
 
 from bench import orders
+from bench.delta_commits import commit_actions, commit_versions
 from bench.harness import (
     PROJECT_ROOT,
     PYTHON,
@@ -42,12 +50,15 @@ from bench.harness import (
     Child,
     Outcome,
     Row,
+    bench_settings,
     conflux_env,
     median,
     say,
 )
 from bench.latency import summarize
 from bench.orders import Pace, create_topic
+from bench.own_store import own_store
+from pipelines.location import Location
 
 SCHEMA_DDL = "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP"
 POLL_SECONDS = 0.05
@@ -125,9 +136,10 @@ def produce_paced(
 
 @dataclass
 class Reader:
-    """Polls a Delta table with delta-rs; notes when each version is first seen and what it added."""
+    """Polls a Delta table with delta-rs; notes when each version is first seen and what it added.
+    The table may be on an S3 store: delta-rs opens it with the location's storage options."""
 
-    path: Path
+    path: Location
     seen: dict[int, float] = field(default_factory=dict)
     #: key -> [(version, _sequence)] of rows the version's commit added
     rows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -150,8 +162,8 @@ class Reader:
             table: DeltaTable | None = None
             known = -1
             while not self._stop.is_set():
-                if table is None and DeltaTable.is_deltatable(str(self.path)):
-                    table = DeltaTable(str(self.path))
+                if table is None and commit_versions(self.path):
+                    table = DeltaTable(str(self.path), storage_options=self.path.delta_rs_options())
                     known = table.version()
                     self.seen[known] = time.time()
                     self._read_upto(known)
@@ -173,13 +185,12 @@ class Reader:
 
     def _read(self, versions: range) -> None:
         for version in versions:
-            log = self.path / "_delta_log" / f"{version:020d}.json"
-            for line in log.read_text().splitlines():
-                action = json.loads(line) if line.strip() else {}
+            for action in commit_actions(self.path, version):
                 add = action.get("add")
                 if not add:
                     continue
-                columns = pq.read_table(self.path / add["path"], columns=["id", "_sequence"])
+                data = (self.path / unquote(add["path"])).read_bytes()
+                columns = pq.read_table(pa.BufferReader(data), columns=["id", "_sequence"])
                 for key, sequence in zip(
                     columns["id"].to_pylist(), columns["_sequence"].to_pylist(), strict=True
                 ):
@@ -212,19 +223,30 @@ def progress(output: str) -> list[dict[str, Any]]:
 
 
 def run_design(
-    workdir: Path, jars_dir: Path, bootstrap: str, pace: Pace, chaining: str, interval: str, n: int
+    workdir: Path,
+    jars_dir: Path,
+    bootstrap: str,
+    pace: Pace,
+    chaining: str,
+    interval: str,
+    n: int,
+    overrides: dict[str, str] | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
+    """One design's run. ``overrides``: settings fields of the runner (its lake and checkpoints
+    on S3: they reach it through its environment only); ``tag``: part of the folder's and the
+    topic's names."""
     name = f"silverlat{n}"
-    topic = f"bench_cdc_{n}"
-    runtime = workdir / f"silver-latency-{n}"
+    topic = f"bench_cdc_{n}{tag}"
+    runtime = workdir / f"silver-latency-{n}{tag}"
     spec_file = runtime / "flows" / f"{name}.yaml"
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     spec_file.write_text(yaml.safe_dump(flow_spec(name, topic, chaining, interval)))
     create_topic(bootstrap, topic, partitions=3)
-    current = runtime / "lake" / "silver" / f"{name}_current"
-    reader = Reader(current)
+    lake = bench_settings(runtime, jars_dir, overrides=overrides).lake
+    reader = Reader(lake / "silver" / f"{name}_current")
     sent: dict[int, float] = {}
-    env = conflux_env(runtime, jars_dir, bootstrap)
+    env = conflux_env(runtime, jars_dir, bootstrap, overrides=overrides)
     command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec_file)]
     say(f"silver_latency: chaining {chaining}, trigger every {interval}: starting the runner")
     with Child(command, env, runtime / "runner.log") as child:
@@ -263,10 +285,11 @@ def run_design(
         latencies.append((visible - produced) * 1000)
     measured_versions = [v for v, t in reader.seen.items() if t >= sent[measured_from]]
     durations: dict[str, list[float]] = {}
+    rows: dict[str, int] = {}
     for batch in batches:
-        durations.setdefault(batch.get("stage", "bronze"), []).append(
-            float(batch["batch_duration_ms"])
-        )
+        stage = batch.get("stage", "bronze")
+        durations.setdefault(stage, []).append(float(batch["batch_duration_ms"]))
+        rows[stage] = rows.get(stage, 0) + int(batch.get("input_rows", 0))
     return {
         "chaining": chaining,
         "interval": interval,
@@ -274,7 +297,14 @@ def run_design(
         "latency_ms": summarize(latencies),
         "versions_while_measuring": len(measured_versions),
         "batch_ms": {
-            stage: {"batches": len(d), "median": median(d), "max": max(d)}
+            stage: {
+                "batches": len(d),
+                "median": median(d),
+                "max": max(d),
+                "rows": rows[stage],
+                # rows per second of batch time: the stage's throughput while busy (silver: MERGE)
+                "busy_rows_per_second": rows[stage] / (sum(d) / 1000) if sum(d) else 0.0,
+            }
             for stage, d in durations.items()
         },
         "graceful_stop_seconds": round(stop_seconds, 1),
@@ -336,3 +366,103 @@ def _outcome(results: list[dict[str, Any]], pace: Pace) -> Outcome:
             )
     data = {"results": results, "pace": asdict(pace)}
     return Outcome(rows, data)
+
+
+# --------------------------------------------------------------------------- silver_store
+
+STORES = ("local", "store")
+
+
+def run_silver_store(
+    workdir: Path,
+    jars_dir: Path,
+    bootstrap: str,
+    pace: Pace,
+    chaining: str,
+    interval: str,
+    command: str,
+) -> Outcome:
+    """One design on the local disk, then on the benchmark's own S3 store; same pace."""
+    from bench.store import LABEL
+
+    results: dict[str, dict[str, Any]] = {}
+    data: dict[str, Any] = {"label": LABEL, "pace": asdict(pace), "command": command}
+    with own_store(workdir / "s3-runtime", jars_dir) as store:
+        data["store"] = {"endpoint": store.connection.endpoint}
+        for n, name in enumerate(STORES):
+            overrides = store.settings("silver") if name == "store" else None
+            say(f"silver_store: on {name}")
+            results[name] = run_design(workdir / "silver-store", jars_dir, bootstrap, pace,
+                                       chaining, interval, n, overrides, f"_{name}")  # fmt: skip
+            say(f"silver_store: {name}: {json.dumps(results[name])}")
+    data["results"] = results
+    data["comparison"] = store_comparison(results)
+    return Outcome(store_rows(data), data, store_markdown(data), "local disk against the S3 store")
+
+
+def _stage(result: dict[str, Any], stage: str, key: str) -> float:
+    return float(result["batch_ms"].get(stage, {}).get(key, float("nan")))
+
+
+def store_comparison(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """(measure, unit, format, local, store, store / local) of every figure."""
+    local, store = results["local"], results["store"]
+    lines = [
+        ("produce → visible in silver current, p50", "ms", "{:,.0f}",
+         local["latency_ms"]["p50"], store["latency_ms"]["p50"]),
+        ("produce → visible in silver current, p99", "ms", "{:,.0f}",
+         local["latency_ms"]["p99"], store["latency_ms"]["p99"]),
+        ("silver batches (warm-up + measured + drain)", "batches", "{:,.0f}",
+         _stage(local, "silver", "batches"), _stage(store, "silver", "batches")),
+        ("silver batch duration, median", "ms", "{:,.0f}",
+         _stage(local, "silver", "median"), _stage(store, "silver", "median")),
+        ("silver MERGE throughput while busy", "rows/s", "{:,.0f}",
+         _stage(local, "silver", "busy_rows_per_second"),
+         _stage(store, "silver", "busy_rows_per_second")),
+        ("bronze batch duration, median", "ms", "{:,.0f}",
+         _stage(local, "bronze", "median"), _stage(store, "bronze", "median")),
+    ]  # fmt: skip
+    return [
+        {"measure": m, "unit": unit, "format": form, "local": lo, "store": st,
+         "ratio": st / lo if lo else float("nan")}
+        for m, unit, form, lo, st in lines
+    ]  # fmt: skip
+
+
+def _size(data: dict[str, Any]) -> str:
+    p, r = data["pace"], data["results"]["local"]
+    return (f"chaining {r['chaining']}, trigger {r['interval']}; {p['rate']:g} events/s for "
+            f"{p['seconds']:g} s after a {p['warmup']:g} s warm-up")  # fmt: skip
+
+
+def store_rows(data: dict[str, Any]) -> list[Row]:
+    result = []
+    for c in data["comparison"]:
+        local, store = c["format"].format(c["local"]), c["format"].format(c["store"])
+        result.append(Row("silver_store", f"{c['measure']}: local disk / S3 store (store / local)",
+                          f"{local} / {store} {c['unit']} ({c['ratio']:.2f}x)",
+                          f"{_size(data)}; store: {data['label']}"))  # fmt: skip
+    return result
+
+
+def store_markdown(data: dict[str, Any]) -> str:
+    lines = [
+        f"Size: {_size(data)}.",
+        "",
+        "| measure | local disk | S3 store * | store / local |",
+        "|---|---|---|---|",
+    ]
+    for c in data["comparison"]:
+        local, store = c["format"].format(c["local"]), c["format"].format(c["store"])
+        lines.append(f"| {c['measure']} | {local} {c['unit']} | {store} {c['unit']} "
+                     f"| {c['ratio']:.2f} |")  # fmt: skip
+    events = {name: r["events"] for name, r in data["results"].items()}
+    lines += [
+        "",
+        f"\\* {data['label']}. The store is the benchmark's own s3proxy "
+        f"({data['store']['endpoint']}, filesystem backend), sharing the machine's CPU with the "
+        f"flow. Events measured: {events['local']:,} local, {events['store']:,} store.",
+        "",
+        f"Command: `{data['command']}`",
+    ]
+    return "\n".join(lines)
