@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,24 +90,9 @@ def bucket(spark: SparkSession, s3_store: S3Store) -> Iterator[Bucket]:
     ):
         if spark.conf.get(key, None) != cls:
             pytest.fail(f"the session has no {key}: run `make jars` (S3A + storage classes)")
-    connection = s3_store.connection
-    name = f"commits-{uuid.uuid4().hex[:8]}"
-    connection.client().create_bucket(Bucket=name)
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    settings = {
-        "endpoint": connection.endpoint or "",
-        "endpoint.region": connection.region,
-        "connection.ssl.enabled": "false",
-        "access.key": connection.access_key_id,
-        "secret.key": connection.secret_access_key,
-    }
-    for key, value in settings.items():
-        hadoop.set(f"fs.s3a.bucket.{name}.{key}", value)
-    try:
+    with s3_store.session_bucket(spark, "commits") as name:
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
         yield Bucket(name, s3_store, hadoop, spark._jvm)
-    finally:
-        for key in settings:
-            hadoop.unset(f"fs.s3a.bucket.{name}.{key}")
 
 
 def race(attempt: Callable[[int], None], ready: Callable[[int], None] | None = None) -> list[str]:

@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -88,3 +91,30 @@ class S3Store:
     runtime_dir: Path
     pid: int
     bucket: str
+
+    @contextmanager
+    def session_bucket(self, spark: Any, prefix: str) -> Iterator[str]:
+        """A new bucket on this store, reachable from the suite's Spark session ``spark``.
+
+        The session was built before this store existed, so without its endpoint: the bucket
+        gets per-bucket S3A settings (``fs.s3a.bucket.<name>.*``, the credentials included, in
+        the JVM's memory only), removed at the end. A bucket of its own also keeps S3A's
+        FileSystem cache, keyed by bucket, from handing a module a client of another module's
+        store."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.connection.client().create_bucket(Bucket=name)
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        options = {
+            "endpoint": self.connection.endpoint or "",
+            "endpoint.region": self.connection.region,
+            "connection.ssl.enabled": "false",
+            "access.key": self.connection.access_key_id,
+            "secret.key": self.connection.secret_access_key,
+        }
+        for key, value in options.items():
+            hadoop.set(f"fs.s3a.bucket.{name}.{key}", value)
+        try:
+            yield name
+        finally:
+            for key in options:
+                hadoop.unset(f"fs.s3a.bucket.{name}.{key}")
