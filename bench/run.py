@@ -88,14 +88,14 @@ NEEDS_BROKER = {
 
 #: What --quick changes (options given on the command line win).
 QUICK: dict[str, Any] = {
-    "records": [20_000],
+    "records": [3_000],
     "repeats": 1,
-    "commit_records": 5_000,
+    "commit_records": 1_500,
     "session_runs": 1,
     "latency_seconds": 5.0,
     "latency_warmup": 2.0,
     "latency_rates": [500.0, 2_000.0],
-    "latency_table_rows": 20_000,
+    "latency_table_rows": 5_000,
     "store_records": 20_000,
     "store_commit_records": 5_000,
     "store_pace": [500.0, 5.0],
@@ -110,7 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 20,000 records once per runner, short latency phases (checks results, "
+        help="smoke run: 3,000 records once per runner, short latency phases (checks results, "
         "not speed)",
     )
     parser.add_argument(

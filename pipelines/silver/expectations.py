@@ -4,7 +4,7 @@ The spec's ``silver.expectations`` (:class:`pipelines.spec.Expectation`: a SQL e
 named rule of :mod:`quality.rules`) are evaluated on the parsed rows of a micro-batch, all of them
 in the same projection as the parsing (:func:`with_expectations` adds one array column naming the
 expectations each row failed), and counted in the one aggregation the stage runs over the
-persisted batch anyway (:func:`batch_aggregates`). Nothing is collected per rule and no rule scans
+held batch anyway (:func:`batch_aggregates`). Nothing is collected per rule and no rule scans
 the batch again.
 
 * ``warn``: the row is kept and counted;

@@ -3,7 +3,7 @@
 :func:`parse_batch` turns one micro-batch of bronze rows (raw Kafka ``key`` / ``value`` bytes and
 their coordinates) into one DataFrame in which every row is a silver event, a quarantined record
 (with its :data:`REASONS`) or an ignored Debezium tombstone (:data:`IGNORED`). It is a single
-projection: no row is read twice and nothing is collected; the stage persists it and splits it.
+projection: no row is read twice and nothing is collected; the stage holds it and splits it.
 
 Checks, in order, each adding its reason (the first that fails decides what the later ones see):
 

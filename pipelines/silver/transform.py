@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from pipelines.errors import ConfigError
+from pipelines.held import hold
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -119,14 +120,14 @@ def _cause(exc: BaseException) -> str:
 def materialize(
     transformed: DataFrame, reference: str, flow: str, batch_id: int
 ) -> tuple[DataFrame, int]:
-    """Persist and count the transformed events, so that an error inside the function (a UDF
-    raising on a row) fails here, named, and not in the middle of the table writes."""
-    persisted = transformed.persist()
+    """Compute the transformed events once and hold them (:func:`pipelines.held.hold`), with
+    their count, so that an error inside the function (a UDF raising on a row) fails here, named,
+    and not in the middle of the table writes, and no write runs the function again."""
     try:
-        return persisted, persisted.count()
+        held = hold(transformed)
     except Exception as exc:
-        persisted.unpersist()
         raise TransformError(_failed(reference, flow, batch_id, exc)) from exc
+    return held, held.count()
 
 
 def checked_row_schema(

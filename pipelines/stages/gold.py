@@ -71,6 +71,7 @@ from pipelines.gold.windows import (
     row_class,
     window_column,
 )
+from pipelines.held import hold, release
 from pipelines.identity import (
     FlowIdentity,
     checkpoint_has_commits,
@@ -545,13 +546,14 @@ class GoldStage(_AggregateInput):
     def write_batch(self, updated: DataFrame, batch_id: int) -> BatchCommit:
         if self.guard is not None:
             self.guard.check()
-        updated = updated.persist()  # the stateful plan runs once: the MERGE reads it twice
+        # The stateful plan runs once, here: Delta's MERGE re-plans its source (see pipelines.held)
+        updated = hold(updated)
         try:
             writes: list[TableWrite] = []
-            if updated.count():
+            if not updated.isEmpty():
                 writes.append(self._merge(updated, batch_id))
         finally:
-            updated.unpersist()
+            release(updated)
         return self._committed(batch_id, writes)
 
     def _merge(self, updated: DataFrame, batch_id: int) -> TableWrite:

@@ -1,7 +1,7 @@
 """Silver stage: parse bronze rows into an events table, a current-state table and a quarantine.
 
 One micro-batch of bronze rows is parsed once (:func:`pipelines.silver.parse.parse_batch`) and
-persisted, then written, each write idempotent under the batch id with an app id of its own
+held (:mod:`pipelines.held`: computed once, its lineage cut), then written, each write idempotent under the batch id with an app id of its own
 table (``conflux-<flow id>-g<generation>-<table>``; see :mod:`pipelines.delta_writes`):
 
 1. the events that parsed to the append-only **events table**, partitioned by ``_event_date``:
@@ -17,7 +17,7 @@ table (``conflux-<flow id>-g<generation>-<table>``; see :mod:`pipelines.delta_wr
 A spec's ``transform`` (:mod:`pipelines.silver.transform`) rewrites the parsed events before any
 of these writes; the tables are designed from its output schema.
 
-Empty writes are skipped (one aggregation over the persisted batch counts the three kinds of rows
+Empty writes are skipped (one aggregation over the held batch counts the three kinds of rows
 first). The stage runs either as its own query reading the bronze table as a Delta stream, with its
 own checkpoint (``chaining: stream``), or inside the bronze query's ``foreachBatch`` on the rows
 bronze just wrote (``chaining: bronze_batch``); the batch id, and so the idempotence, is that of
@@ -44,6 +44,7 @@ from pipelines.delta_writes import (
     idempotent_session,
     retry_on_maintenance,
 )
+from pipelines.held import hold, release
 from pipelines.identity import (
     FlowIdentity,
     checkpoint_has_commits,
@@ -315,7 +316,7 @@ class SilverStage(SilverDesign, QueryStage):
         """Parse and write one batch of bronze rows; every write idempotent under ``batch_id``."""
         if self.guard is not None and self.own_query:
             self.guard.check()  # LeaseLostError fails the query before anything is written
-        parsed = self._parse(bronze_rows, batch_id).persist()
+        parsed = hold(self._parse(bronze_rows, batch_id))
         transformed: DataFrame | None = None
         columns_added: list[str] = []
         try:
@@ -325,9 +326,9 @@ class SilverStage(SilverDesign, QueryStage):
             if undeclared:
                 columns_added = self._evolve(parsed, undeclared, batch_id)
                 if columns_added:  # parse the batch again, with the new columns
-                    reparsed = self._parse(bronze_rows_of(parsed), batch_id).persist()
-                    counts = self._count(reparsed)  # fills its cache from the cached batch
-                    parsed.unpersist()
+                    reparsed = hold(self._parse(bronze_rows_of(parsed), batch_id))
+                    counts = self._count(reparsed)
+                    release(parsed)
                     parsed = reparsed
             silver = self.silver
             expectations = silver.expectations
@@ -364,9 +365,8 @@ class SilverStage(SilverDesign, QueryStage):
                 writes += self._merge_history(events, batch_id)
             quality = batch_quality(counts, expectations, event_count, columns_added)
         finally:
-            parsed.unpersist()
-            if transformed is not None:
-                transformed.unpersist()
+            release(parsed)
+            release(transformed)
         roles = {table.id: role for role, (table, _) in self.written.items()}
         commit = BatchCommit(
             flow=self.spec.name,
@@ -396,7 +396,7 @@ class SilverStage(SilverDesign, QueryStage):
         if silver.current.ignore_null_updates:
             stored = spark.read.format("delta").load(self.current_path)
             events = current_state.drop_stale(events, stored, deleted_keys, silver)
-        reduced = current_state.reduce_batch(events, silver, self.row_columns).persist()
+        reduced = hold(current_state.reduce_batch(events, silver, self.row_columns))
         try:
             source = current_state.drop_deleted(reduced, deleted_keys, silver)
             writes = [
@@ -420,7 +420,7 @@ class SilverStage(SilverDesign, QueryStage):
                 )
             return writes
         finally:
-            reduced.unpersist()
+            release(reduced)
 
     def _merge_history(self, events: DataFrame, batch_id: int) -> list[TableWrite]:
         """Recompute the versions of the batch's keys from the events table; MERGE what changed.
@@ -431,14 +431,16 @@ class SilverStage(SilverDesign, QueryStage):
         assert history is not None and self.history_path is not None
         plan = self._history_plan()
         spark = events.sparkSession
-        changes = history_state.history_changes(
-            events,
-            spark.read.format("delta").load(self.events_path),
-            spark.read.format("delta").load(self.history_path),
-            plan,
-        ).persist()
+        changes = hold(
+            history_state.history_changes(
+                events,
+                spark.read.format("delta").load(self.events_path),
+                spark.read.format("delta").load(self.history_path),
+                plan,
+            )
+        )
         try:
-            if changes.count() == 0:  # fills the cache: the MERGE reads its source twice
+            if changes.isEmpty():
                 return []
             return [
                 self._merge_into(
@@ -449,7 +451,7 @@ class SilverStage(SilverDesign, QueryStage):
                 )
             ]
         finally:
-            changes.unpersist()
+            release(changes)
 
     def _merge_into(
         self,

@@ -18,8 +18,8 @@ from pathlib import Path
 from tests.support.runtime import KafkaBroker
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-QUICK_RECORDS = 20_000
-QUICK_COMMIT = 5_000
+QUICK_RECORDS = 3_000
+QUICK_COMMIT = 1_500
 
 
 def test_quick_bench_runs_every_runner_on_the_same_records(

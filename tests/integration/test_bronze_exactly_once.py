@@ -112,11 +112,16 @@ class Launches:
                 yield ProcessGroup(application.process), output
         self.timings.append((name, round(time.monotonic() - started, 1)))
 
-    def catch_up_here(self, spark: SparkSession) -> tuple[FinishedRun, RunOutput]:
+    def catch_up_here(
+        self, spark: SparkSession, spec: FlowSpec | None = None
+    ) -> tuple[FinishedRun, RunOutput]:
         """The final ``available_now`` run, in the suite's own Spark session rather than a new
         application: the same checkpoints, tables and lease (taken over from the killed owner),
         what it prints kept in a :class:`RunOutput` as an application's would be, so the same
-        checks read it. A kill is what needs a process of its own; the catch-up does not."""
+        checks read it. A kill is what needs a process of its own; the catch-up does not.
+
+        ``spec``: the same flow with other batch limits (a catch-up needs no small batches to
+        kill in); a batch the killed run planned replays with the offsets its log recorded."""
         output = RunOutput(self.logs / "final.out", self.logs / "final.err")
         started = time.monotonic()
         with (
@@ -126,7 +131,7 @@ class Launches:
             redirect_stderr(stderr),
         ):
             code = run_flows(
-                [self.spec], self.settings, Reporter(), StopRequest(None), "available_now",
+                [spec or self.spec], self.settings, Reporter(), StopRequest(None), "available_now",
                 spark=spark,
             )  # fmt: skip
         self.timings.append(("final (in-process)", round(time.monotonic() - started, 1)))

@@ -486,17 +486,20 @@ class TestSilverExactlyOnce:
                 create=index == 0,
             )
 
-        spec = load_spec(
-            write_spec(
-                tmp_path / "flows",
-                silver_flow(
-                    "silver_kill",
-                    topic,
-                    {"mode": "continuous", "interval": "1 second"},
-                    max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER,
-                ),
+        def kill_spec(max_offsets_per_trigger: int) -> FlowSpec:
+            return load_spec(
+                write_spec(
+                    tmp_path / "flows",
+                    silver_flow(
+                        "silver_kill",
+                        topic,
+                        {"mode": "continuous", "interval": "1 second"},
+                        max_offsets_per_trigger=max_offsets_per_trigger,
+                    ),
+                )
             )
-        )
+
+        spec = kill_spec(MAX_OFFSETS_PER_TRIGGER)
         settings = replace(
             lake_settings, spark_conf={"spark.ui.enabled": "false", **lake_settings.spark_conf}
         )
@@ -526,7 +529,8 @@ class TestSilverExactlyOnce:
                 with launches.run("run-2", "continuous") as (group, out):
                     check_silver_restart(landings[-1], paths, group, out)
                     landings.append(kill_after_merge_commit(group, files, window))
-            finished, out = launches.catch_up_here(spark)
+            # the rest in large batches: the killed batch first, with the offsets it planned
+            finished, out = launches.catch_up_here(spark, kill_spec(len(sent)))
             assert finished.code == EXIT_OK, out.tail()
             check_silver_restart(landings[-1], paths, finished, out)
         except ChaosError:

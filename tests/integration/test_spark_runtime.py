@@ -2,9 +2,11 @@
 
 from pathlib import Path
 
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.held import hold, release
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runtime import KafkaBroker
 
@@ -24,6 +26,44 @@ class TestDeltaOnSpark:
         history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
         assert [(r.version, r.operation) for r in history] == [(0, "WRITE"), (1, "WRITE")]
         assert history[1].operationParameters["mode"] == "Append"
+
+
+class TestHeldFrames:
+    def test_a_held_frame_is_computed_once_even_as_a_merge_source_and_released(
+        self, spark: SparkSession, tmp_path: Path
+    ) -> None:
+        """What pipelines.held promises: the frame's function runs once per row however many
+        readers follow (a count, an append, a Delta MERGE that plans its source anew), and its
+        blocks go when released."""
+        calls = spark.sparkContext.accumulator(0)
+
+        def counted(value: int) -> int:
+            calls.add(1)
+            return value
+
+        path = str(tmp_path / "target")
+        spark.range(0, 10).withColumn("v", F.lit(0)).write.format("delta").save(path)
+        stored = {info.id() for info in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+        held = hold(spark.range(0, 20).withColumn("v", F.udf(counted, "long")("id")))
+        assert calls.value == 20
+        holding = {i.id() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()} - stored
+        assert holding, "the held rows are in the block stores"
+        assert held.where("v >= 0").count() == 20
+        held.write.format("delta").mode("append").save(str(tmp_path / "copy"))
+        (
+            DeltaTable.forPath(spark, path).alias("t")
+            .merge(held.alias("s"), "t.id = s.id")
+            .whenMatchedUpdate(set={"v": "s.v"})
+            .whenNotMatchedInsert(values={"id": "s.id", "v": "s.v"})
+            .execute()
+        )  # fmt: skip
+        assert calls.value == 20, "a reader recomputed the held frame"
+        assert spark.read.format("delta").load(path).count() == 20
+        release(held)
+        release(held)  # twice: nothing
+        release(None)
+        left = {i.id() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+        assert not holding & left, "release freed the blocks"
 
 
 class TestSparkReadsKafka:

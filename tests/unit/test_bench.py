@@ -157,7 +157,7 @@ def test_quick_mode_keeps_what_the_command_line_says() -> None:
     from bench.run import parse_args
 
     quick = parse_args(["--quick"])
-    assert (quick.records, quick.repeats, quick.commit_records) == ([20_000], 1, 5_000)
+    assert (quick.records, quick.repeats, quick.commit_records) == ([3_000], 1, 1_500)
     assert parse_args(["--quick", "--repeats", "2"]).repeats == 2
     with pytest.raises(SystemExit):
         parse_args(["--quick", "--write-benchmarks"])

@@ -1,0 +1,190 @@
+"""Where a silver batch's time goes: its phases, timed in the driver, beside Spark's job counts.
+
+``python -m bench.silver_phases --bootstrap HOST:PORT`` runs, in this process's own Spark session
+(``pipelines.runner.run_flows``, local mode), a Debezium flow (bronze + silver fused into bronze's
+batch, a current-state table keyed by ``id``, with ``--history`` a history table too): first an
+initial load of ``--keys`` inserts in one batch, then ``--batches`` batches of ``--batch`` updates
+over the same keys. Each phase of the stage (:class:`pipelines.stages.silver.SilverStage`) is
+timed around its method; Spark's event log, read afterwards, says how many jobs ran and how long
+Delta spent reconstructing table snapshots ("Compute snapshot" jobs). One line per batch and a
+summary; ``--json FILE`` writes them. Producer, broker and Spark share this machine.
+
+It patches the stage's methods in this process only, to time them: a measurement, not a runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka import Producer
+
+from bench.harness import PROJECT_ROOT, bench_settings, say
+from bench.orders import create_topic
+from bench.silver_latency import SCHEMA_DDL, change_event
+from pipelines.reporting import Reporter
+from pipelines.runner import EXIT_OK, StopRequest, run_flows
+from pipelines.spark import get_spark_session
+from pipelines.spec import load_spec
+from pipelines.stages import silver as silver_stage
+
+#: (method of SilverStage, phase name): the phases timed, outermost first.
+PHASES = (
+    ("write_batch", "batch"),
+    ("_parse", "parse: plan"),
+    ("_count", "count"),
+    ("_append", "appends"),
+    ("_merge", "current: reduce + MERGEs"),
+    ("_merge_history", "history: recompute + MERGE"),
+)
+SNAPSHOT_JOBS = "Compute snapshot"
+
+
+class PhaseClock:
+    """Seconds spent in each phase, per batch (the ``batch`` phase starts a new one)."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, float]] = []
+
+    @contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        if phase == "batch":
+            self.batches.append(defaultdict(float))
+        elif not self.batches:  # the stage designing its tables at start: not a batch
+            yield
+            return
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.batches[-1][phase] += time.perf_counter() - started
+
+    def patch(self) -> None:
+        for method, phase in PHASES:
+            original = getattr(silver_stage.SilverStage, method)
+            setattr(silver_stage.SilverStage, method, self._timed(original, phase))
+
+    def _timed(self, original: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.timing(phase):
+                return original(*args, **kwargs)
+
+        return timed
+
+
+def flow_document(topic: str, history: bool, per_trigger: int) -> dict[str, Any]:
+    silver: dict[str, Any] = {
+        "format": "debezium",
+        "schema": SCHEMA_DDL,
+        "chaining": "bronze_batch",
+        "current": {"table": "phases_current", "keys": ["id"]},
+    }
+    if history:
+        silver["history"] = {"table": "phases_history"}
+    return {
+        "name": "phases",
+        "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": per_trigger},
+        "target": {"table": "bronze_phases"},
+        "silver": silver,
+    }
+
+
+def produce(bootstrap: str, topic: str, first: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    now = time.time()
+    for index in range(first, first + count):
+        _, key, value = change_event(index, now)
+        producer.produce(topic, key=key, value=value, partition=index % 3)
+        if index % 10_000 == 0:
+            producer.poll(0)
+    producer.flush()
+
+
+def spark_jobs(events_dir: Path, since_ms: float) -> dict[str, float]:
+    """Jobs started after ``since_ms`` in the event log: how many, and the seconds of those that
+    reconstructed a Delta snapshot."""
+    [log_dir] = list(events_dir.iterdir())
+    parts = sorted(log_dir.glob("events_*"), key=lambda p: int(p.name.split("_")[1]))
+    text = b"".join(
+        subprocess.run(["zstd", "-dcq", str(p)], capture_output=True, check=True).stdout
+        for p in parts
+    )
+    started: dict[int, tuple[float, bool]] = {}
+    snapshot_ms = 0.0
+    for line in text.splitlines():
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerJobStart" and event["Submission Time"] >= since_ms:
+            description = event.get("Properties", {}).get("spark.job.description") or ""
+            started[event["Job ID"]] = (event["Submission Time"], SNAPSHOT_JOBS in description)
+        elif event["Event"] == "SparkListenerJobEnd" and event["Job ID"] in started:
+            begun, snapshot = started[event["Job ID"]]
+            if snapshot:
+                snapshot_ms += event["Completion Time"] - begun
+    return {"jobs": len(started), "snapshot_seconds": round(snapshot_ms / 1000, 2)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="conflux-bench-phases-"))
+    events_dir = workdir / "events"
+    events_dir.mkdir()
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events_dir)}
+    settings = bench_settings(workdir, args.jars, args.bootstrap, spark_conf=conf)
+    topic = f"bench_phases_{int(time.time())}"
+    create_topic(args.bootstrap, topic, partitions=3)
+    spec_file = workdir / "flows" / "phases.yaml"
+    spec_file.parent.mkdir(parents=True)
+    clock = PhaseClock()
+    clock.patch()
+    spark = get_spark_session("bench-silver-phases", settings, ui=False)
+    plan = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    results: dict[str, Any] = {"plan": plan}
+    try:
+        for label, first, count, per_trigger in (
+            ("initial load", 0, args.keys, args.keys),
+            ("updates", args.keys, args.batch * args.batches, args.batch),
+        ):
+            spec_file.write_text(yaml.safe_dump(flow_document(topic, args.history, per_trigger)))
+            produce(args.bootstrap, topic, first, count)
+            clock.batches.clear()
+            since_ms, started = time.time() * 1000, time.perf_counter()
+            code = run_flows([load_spec(spec_file)], settings, Reporter(), StopRequest(None),
+                             "available_now", spark=spark)  # fmt: skip
+            assert code == EXIT_OK, f"{label}: exit {code}"
+            results[label] = {
+                "events": count,
+                "seconds": round(time.perf_counter() - started, 1),
+                "batches": [{k: round(v, 2) for k, v in b.items()} for b in clock.batches],
+                **spark_jobs(events_dir, since_ms),
+            }
+            say(f"silver_phases: {label}: {json.dumps(results[label])}")
+    finally:
+        spark.stop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", required=True, help="a Kafka broker (make broker-start)")
+    parser.add_argument("--keys", type=int, default=20_000, help="inserts of the initial load")
+    parser.add_argument("--batch", type=int, default=2_500, help="updates per measured batch")
+    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--history", action="store_true", help="a history table too")
+    parser.add_argument("--jars", type=Path, default=PROJECT_ROOT / ".runtime" / "jars")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    results = run(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
