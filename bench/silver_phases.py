@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 
 from bench.harness import PROJECT_ROOT, bench_settings, say
 from bench.orders import create_topic
-from bench.silver_latency import SCHEMA_DDL, change_event
+from bench.silver_latency import KEY_POOL, SCHEMA_DDL, change_event
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.spark import get_spark_session
@@ -47,6 +47,7 @@ PHASES = (
     ("_merge_history", "history: recompute + MERGE"),
 )
 SNAPSHOT_JOBS = "Compute snapshot"
+HOLD_PHASE = "parse: compute + hold"
 
 
 class PhaseClock:
@@ -54,6 +55,7 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.batches: list[dict[str, float]] = []
+        self.open: list[str] = []
 
     @contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -63,15 +65,28 @@ class PhaseClock:
             yield
             return
         started = time.perf_counter()
+        self.open.append(phase)
         try:
             yield
         finally:
+            self.open.pop()
             self.batches[-1][phase] += time.perf_counter() - started
 
     def patch(self) -> None:
         for method, phase in PHASES:
             original = getattr(silver_stage.SilverStage, method)
             setattr(silver_stage.SilverStage, method, self._timed(original, phase))
+        hold = silver_stage.hold
+
+        def held(frame: Any) -> Any:
+            """The batch's own hold (the parse computed and kept) is a phase; the holds inside
+            the MERGE phases are part of those."""
+            if self.open != ["batch"]:
+                return hold(frame)
+            with self.timing(HOLD_PHASE):
+                return hold(frame)
+
+        silver_stage.hold = held
 
     def _timed(self, original: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -98,13 +113,22 @@ def flow_document(topic: str, history: bool, per_trigger: int) -> dict[str, Any]
     }
 
 
-def produce(bootstrap: str, topic: str, first: int, count: int) -> None:
+def event_index(number: int, keys: int) -> int:
+    """The :func:`change_event` index of the run's event ``number``: the first ``keys`` insert
+    keys, each later one updates one of them in turn (same key, op ``u``, a higher lsn)."""
+    if number < keys:
+        return number
+    rounds, key = divmod(number - keys, keys)
+    return KEY_POOL * (1 + rounds) + key
+
+
+def produce(bootstrap: str, topic: str, first: int, count: int, keys: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     now = time.time()
-    for index in range(first, first + count):
-        _, key, value = change_event(index, now)
-        producer.produce(topic, key=key, value=value, partition=index % 3)
-        if index % 10_000 == 0:
+    for number in range(first, first + count):
+        _, key, value = change_event(event_index(number, keys), now)
+        producer.produce(topic, key=key, value=value, partition=number % 3)
+        if number % 10_000 == 0:
             producer.poll(0)
     producer.flush()
 
@@ -153,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ("updates", args.keys, args.batch * args.batches, args.batch),
         ):
             spec_file.write_text(yaml.safe_dump(flow_document(topic, args.history, per_trigger)))
-            produce(args.bootstrap, topic, first, count)
+            produce(args.bootstrap, topic, first, count, args.keys)
             clock.batches.clear()
             since_ms, started = time.time() * 1000, time.perf_counter()
             code = run_flows([load_spec(spec_file)], settings, Reporter(), StopRequest(None),
@@ -181,6 +205,8 @@ def main() -> None:
     parser.add_argument("--jars", type=Path, default=PROJECT_ROOT / ".runtime" / "jars")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if not 0 < args.keys <= KEY_POOL:
+        parser.error(f"--keys: 1 to {KEY_POOL:,} (the key pool of bench/silver_latency.py)")
     results = run(args)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

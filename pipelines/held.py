@@ -31,10 +31,13 @@ def hold(frame: DataFrame) -> DataFrame:
 
 
 def release(frame: DataFrame | None) -> None:
-    """Free the blocks of a frame :func:`hold` returned (None, or any other frame: nothing).
+    """Free the blocks of a frame :func:`hold` returned; None is ignored.
 
-    Safe to call twice; a frame still read afterwards fails (its rows are gone), so release only
-    in the ``finally`` of the batch that held it.
+    Give it only frames :func:`hold` returned: any frame whose plan is a scan of an RDD (one made
+    by ``createDataFrame`` from an RDD, or a ``foreachBatch`` batch) would have that RDD
+    unpersisted too. Safe to call twice; a frame still read afterwards fails (its rows are gone),
+    so release only in the ``finally`` of the batch that held it. The blocks are removed in the
+    background.
     """
     if frame is None:
         return

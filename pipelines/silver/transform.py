@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from pipelines.errors import ConfigError
-from pipelines.held import hold
+from pipelines.held import hold, release
 
 Transform = Callable[[DataFrame], DataFrame]
 
@@ -127,7 +127,11 @@ def materialize(
         held = hold(transformed)
     except Exception as exc:
         raise TransformError(_failed(reference, flow, batch_id, exc)) from exc
-    return held, held.count()
+    try:
+        return held, held.count()
+    except Exception:
+        release(held)
+        raise
 
 
 def checked_row_schema(

@@ -327,9 +327,9 @@ class SilverStage(SilverDesign, QueryStage):
                 columns_added = self._evolve(parsed, undeclared, batch_id)
                 if columns_added:  # parse the batch again, with the new columns
                     reparsed = hold(self._parse(bronze_rows_of(parsed), batch_id))
-                    counts = self._count(reparsed)
                     release(parsed)
-                    parsed = reparsed
+                    parsed = reparsed  # released in the finally below, whatever happens next
+                    counts = self._count(parsed)
             silver = self.silver
             expectations = silver.expectations
             events, event_count = events_of(parsed, silver), int(counts["events"])

@@ -30,7 +30,7 @@ from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runtime import KafkaBroker
 
 pytestmark = pytest.mark.timeout(1500)
-FIRST, MORE = 600, 300  # 100 a batch: several batches in each run
+FIRST, MORE = 2000, 300  # 100 a batch: ~20 batches for the first run; the takeover lands 300 more
 RUN_CONFIG = {"resources": {"spark_submit": {"config": {"progress_interval_seconds": 1.0}}}}
 
 

@@ -63,7 +63,9 @@ class TestHeldFrames:
         release(held)  # twice: nothing
         release(None)
         left = {i.id() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
-        assert not holding & left, "release freed the blocks"
+        assert not holding & left, (
+            "release unregistered the held rows (blocks go in the background)"
+        )
 
 
 class TestSparkReadsKafka:
