@@ -7,14 +7,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUNTIME := .runtime
+# The profile's Dagster instance (pipelines/profiles.py): SQLite locally; on the cluster profile
+# PostgreSQL, whose password Dagster's processes read from the file PGPASSFILE names.
+ifeq ($(CONFLUX_PROFILE),cluster)
+export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster-cluster
+export PGPASSFILE := $(CURDIR)/$(RUNTIME)/postgres/pgpass
+else
 export DAGSTER_HOME := $(CURDIR)/$(RUNTIME)/dagster
+endif
 PYTEST_ARGS ?=
 # The suite runs on every core (pytest-xdist); each test module stays in one worker process, and
 # modules go out in the order tests/conftest.py sorts them (heaviest first, a package at a time).
 PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 
-.PHONY: help setup jars browser dagster-home broker-start broker-stop broker-status s3-start s3-stop \
-	s3-status demo demo-s3 demo-steps ui test test-unit \
+.PHONY: help setup jars browser postgres-install dagster-home broker-start broker-stop broker-status \
+	s3-start s3-stop s3-status cluster-start cluster-stop cluster-status postgres-start postgres-stop \
+	postgres-status demo demo-s3 demo-cluster demo-steps ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
 
 help: ## List every target
@@ -28,7 +36,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-setup: $(STAMP) jars jvm-archive dagster-home browser ## Create the venv, install Python deps, fetch the pinned jars once
+setup: $(STAMP) jars jvm-archive dagster-home browser postgres-install ## Create the venv, install Python deps, fetch the pinned jars once
 	@echo "setup done: runtime folder $(RUNTIME)/, Dagster home $(DAGSTER_HOME)"
 
 jars: $(STAMP) ## Fetch the pinned JVM jars from Maven Central (skipped when up to date)
@@ -44,9 +52,16 @@ browser: ## Install Debian's chromium for the browser tests (once; as root or wi
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null \
 		|| echo "warning: could not install chromium: the UI tests will fail until it is installed"
 
-dagster-home: ## Create the Dagster instance folder from platform/dagster/dagster.yaml
-	@mkdir -p $(DAGSTER_HOME)
-	@cp platform/dagster/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+postgres-install: ## Install Debian's PostgreSQL for the cluster profile's Dagster (once; as root or with sudo)
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+	else echo "warning: no PostgreSQL and no root: install Debian's postgresql package for the cluster profile"; exit 0; fi; \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null \
+		|| echo "warning: could not install postgresql: the cluster profile's tests will fail until it is installed"
+
+dagster-home: ## Create the local Dagster instance from platform/dagster/dagster.yaml (the cluster's: postgres-start)
+	@mkdir -p $(RUNTIME)/dagster
+	@cp platform/dagster/dagster.yaml $(RUNTIME)/dagster/dagster.yaml
 
 broker-start: setup ## Start the local Kafka broker (KRaft) on 127.0.0.1
 	$(PY) platform/kafka/broker.py start
@@ -66,6 +81,24 @@ s3-stop: ## Stop the local S3 store (its objects stay under .runtime/s3/data)
 s3-status: ## Show the local S3 store's state and health
 	$(PY) platform/s3/store.py status
 
+cluster-start: setup ## Start the local Spark standalone cluster (a master, two workers that cannot see the driver's disk)
+	$(PY) platform/spark/cluster.py start
+
+cluster-stop: ## Stop the local Spark cluster (its executors with it)
+	$(PY) platform/spark/cluster.py stop
+
+cluster-status: ## Show the local Spark cluster's state: master, workers, executors now running
+	$(PY) platform/spark/cluster.py status
+
+postgres-start: setup ## Start the local PostgreSQL (Dagster's storage on the cluster profile) on 127.0.0.1
+	$(PY) platform/postgres/server.py start
+
+postgres-stop: ## Stop the local PostgreSQL (its data stays under .runtime/postgres)
+	$(PY) platform/postgres/server.py stop
+
+postgres-status: ## Show the local PostgreSQL's state and health
+	$(PY) platform/postgres/server.py status
+
 demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster
 	@$(MAKE) --no-print-directory demo-steps
 
@@ -74,6 +107,22 @@ demo-s3: broker-start s3-start ## The demo with every table, checkpoint, lease a
 	@eval "$$($(PY) platform/s3/store.py env)" \
 		&& export CONFLUX_LAKE_ROOT=s3a://conflux/demo/lake CONFLUX_CHECKPOINTS_ROOT=s3a://conflux/demo/checkpoints \
 		&& $(MAKE) --no-print-directory demo-steps && $(PY) platform/demo/show_store.py
+
+demo-cluster: broker-start s3-start postgres-start cluster-start ## The demo's Kafka flows on the Spark cluster, tables on the S3 store, Dagster on PostgreSQL
+	@CONFLUX_PROFILE=cluster $(MAKE) --no-print-directory demo-cluster-steps
+
+demo-cluster-steps: ## The cluster demo's steps (make demo-cluster runs them with CONFLUX_PROFILE=cluster)
+	@echo "== the cluster profile: Spark at $$($(PY) -c 'from pipelines.settings import load_settings as l; print(l().spark_master)'), tables and state on s3a://conflux, Dagster on PostgreSQL ($$DAGSTER_HOME)"
+	$(PY) platform/demo/produce_sample.py
+	@set -o pipefail; for flow in customers payments orders; do \
+		echo; echo "== Dagster runs flow $$flow on the cluster"; \
+		$(VENV)/bin/dagster job execute -m assets.definitions -a defs -j run_$$flow 2>&1 \
+			| { grep -E "conflux: (application|started)|RUN_SUCCESS|RUN_FAILURE|Finished execution" || true; } \
+			| sed 's/^.* - //' || exit 1; \
+	done
+	@echo; echo "== the flow with a local landing folder is refused before Spark starts"; \
+		$(VENV)/bin/conflux run orders_files --once || true
+	@echo; $(PY) platform/demo/show_cluster.py
 
 demo-steps: ## The demo's steps on the configured lake (make demo: local disk; make demo-s3: the S3 store)
 	$(PY) platform/demo/produce_sample.py
@@ -135,5 +184,5 @@ bench: setup ## Full benchmark run (~40 min): regenerates BENCHMARKS.md and benc
 bench-quick: setup ## Smoke run of the benchmarks (~2 min): every runner, same rows and offsets
 	$(PY) bench/run.py --quick
 
-clean: broker-stop s3-stop ## Stop the broker and the S3 store, delete the runtime folder (keeps the venv)
+clean: broker-stop s3-stop cluster-stop postgres-stop ## Stop every local service, delete the runtime folder (keeps the venv)
 	rm -rf $(RUNTIME)

@@ -47,6 +47,7 @@ from dagster_pyspark import LazyPySparkResource
 from assets.flows import flow_group, flow_tags
 from assets.keys import gold_input_keys, key_of
 from pipelines.catalog.roles import TableRole
+from pipelines.catalog.tables import check_locations
 from pipelines.gold.backfill import (
     BackfillRefusedError,
     backfill,
@@ -55,6 +56,7 @@ from pipelines.gold.backfill import (
 )
 from pipelines.job_progress import JobProgress
 from pipelines.settings import Settings
+from pipelines.spark import prepare_session
 from pipelines.spec import AnyGold, FlowSpec
 
 
@@ -94,8 +96,9 @@ def backfill_asset(spec: FlowSpec, gold: AnyGold, settings: Settings) -> AssetsD
         keys_range = context.partition_key_range
         first, last = _date(keys_range.start), _date(keys_range.end)
         try:
-            refuse_open_dates(spec, settings, gold.table, first, last)  # before Spark starts
-            spark = pyspark.spark_session
+            check_locations([spec], settings)  # before Spark starts: on a cluster, no local path
+            refuse_open_dates(spec, settings, gold.table, first, last)
+            spark = prepare_session(pyspark.spark_session, settings)
             with JobProgress(spark, f"backfill {gold.table} {first}..{last}", context.log.info, 10):
                 result = backfill(spark, spec, settings, gold.table, first, last)
         except BackfillRefusedError as exc:

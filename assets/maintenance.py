@@ -34,8 +34,10 @@ from pydantic import Field
 
 from assets.keys import flow_table_keys
 from pipelines.catalog.roles import TableRole, parse_role_id, role_id
+from pipelines.catalog.tables import check_locations
 from pipelines.maintenance import TableReport, maintain_flow
 from pipelines.settings import Settings
+from pipelines.spark import prepare_session
 from pipelines.spec import FlowSpec
 
 
@@ -100,8 +102,13 @@ def maintenance_job(spec: FlowSpec, settings: Settings) -> JobDefinition:
     def _maintain(
         context: OpExecutionContext, config: MaintainConfig, pyspark: LazyPySparkResource
     ) -> None:
+        check_locations([spec], settings)  # before Spark starts: on a cluster, no local path
         reports = maintain_flow(
-            pyspark.spark_session, spec, settings, optimize=config.optimize, vacuum=config.vacuum
+            prepare_session(pyspark.spark_session, settings),
+            spec,
+            settings,
+            optimize=config.optimize,
+            vacuum=config.vacuum,
         )
         if not reports:
             context.log.info(f"flow {spec.name} has no table yet: nothing to maintain")

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from pipelines.catalog.state import FlowState
+from pipelines.catalog.tables import check_locations
 from pipelines.errors import ConfigError
 from pipelines.lease import (
     FlowLease,
@@ -159,6 +160,7 @@ class FlowApplication:
         ]
         try:
             self._stack.callback(shutil.rmtree, self._scratch, ignore_errors=True)
+            check_locations(self.specs, self.settings)  # before a lease is taken or Spark starts
             self._stack.enter_context(
                 held_leases(leases, self.wait_for_expiry_of, self.on_lease_lost)
             )

@@ -39,9 +39,10 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.catalog.roles import BRONZE_STAGE, SILVER_STAGE
 from pipelines.catalog.state import FlowState
-from pipelines.catalog.tables import check_distinct_tables
+from pipelines.catalog.tables import check_locations
 from pipelines.delta_writes import wait_for_background_work
 from pipelines.errors import ConfigError
+from pipelines.executors import executors_report
 from pipelines.flow import FlowPipeline
 from pipelines.health import HeartbeatWriter
 from pipelines.lease import (
@@ -424,7 +425,7 @@ def run_flows(
         LeaseHeldError / LeaseLostError: the leases are not this run's (before Spark starts).
         ConfigError: a spec or a flow's identity is invalid.
     """
-    check_distinct_tables(specs, settings)
+    check_locations(specs, settings)
     if full_refresh:
         continuous = [s.name for s in specs if (trigger_mode or s.trigger.mode) != "available_now"]
         if continuous:
@@ -520,6 +521,8 @@ def _run_owned(
         heartbeat.stopped()
         wait_for_background_work()
         if own_session:  # before Python exits, so no listener event is sent to a dead driver
+            if report := executors_report(spark):
+                reporter.info(report)
             spark.stop()
     if ending.code == EXIT_OK:
         reporter.finished([t.summary() for t in tracker.totals.values()])

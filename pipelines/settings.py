@@ -24,6 +24,7 @@ import yaml
 
 from pipelines.errors import ConfigError
 from pipelines.location import Location, normalize
+from pipelines.profiles import Profile, dagster_home, profile_values
 from pipelines.storage import S3_SCHEMES, S3Connection
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,7 @@ ENV_FIELDS: Mapping[str, str] = {
     "CONFLUX_S3_REGION": "s3_region",
     "CONFLUX_S3_ACCESS_KEY_ID": "s3_access_key_id",
     "CONFLUX_S3_SECRET_ACCESS_KEY": "s3_secret_access_key",
+    "CONFLUX_PROFILE": "profile",
 }
 #: Variables that are read elsewhere (not settings fields) and therefore not unknown.
 ENV_OTHER = frozenset({"CONFLUX_CONFIG"})
@@ -68,6 +70,8 @@ class Settings:
             ``<runtime_dir>/checkpoints``).
         s3_endpoint, s3_region, s3_access_key_id, s3_secret_access_key: the S3-compatible store
             that ``s3a://`` locations live on (no endpoint: AWS's own). The secret is never shown.
+        profile: ``local`` or ``cluster`` (:mod:`pipelines.profiles`): fills in the master, the
+            roots and the store's credentials that nothing else set.
     """
 
     runtime_dir: Path
@@ -83,6 +87,7 @@ class Settings:
     s3_region: str = "us-east-1"
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = field(default=None, repr=False)
+    profile: Profile = Profile.LOCAL
 
     @property
     def spark_jars_dir(self) -> Path:
@@ -95,6 +100,26 @@ class Settings:
     @property
     def broker_dir(self) -> Path:
         return self.runtime_dir / "kafka"
+
+    @property
+    def dagster_home(self) -> Path:
+        """The profile's Dagster instance folder (``DAGSTER_HOME``)."""
+        return dagster_home(self.runtime_dir, self.profile)
+
+    @property
+    def cluster_dir(self) -> Path:
+        """The local Spark standalone cluster's folder (``platform/spark/cluster.py``)."""
+        return self.runtime_dir / "spark-cluster"
+
+    @property
+    def s3_dir(self) -> Path:
+        """The local S3 store's folder (``platform/s3/store.py``)."""
+        return self.runtime_dir / "s3"
+
+    @property
+    def postgres_dir(self) -> Path:
+        """The local PostgreSQL server's folder (``platform/postgres/server.py``)."""
+        return self.runtime_dir / "postgres"
 
     @property
     def lake(self) -> Location:
@@ -112,6 +137,12 @@ class Settings:
         if urlparse(uri).scheme in S3_SCHEMES:
             return Location.of(uri, self._required_s3_connection(uri))
         return Location.of(normalize(uri, base=self.runtime_dir))
+
+    @property
+    def on_cluster(self) -> bool:
+        """Whether Spark runs on a cluster (any master but ``local[...]``): executors then run
+        on other hosts, which cannot reach this machine's disk."""
+        return not self.spark_master.startswith("local")
 
     @property
     def on_object_store(self) -> bool:
@@ -151,18 +182,31 @@ class Settings:
 
 
 def load_settings(
-    environ: Mapping[str, str] | None = None, config_file: Path | None = None
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+    profile: Profile | None = None,
 ) -> Settings:
-    """Build :class:`Settings` from defaults, the optional YAML file and the environment."""
+    """Build :class:`Settings` from defaults, the optional YAML file and the environment.
+
+    ``profile`` overrides the configured one: the local services, the jar fetch and the class
+    archive are the same on every profile (the cluster profile's values come from them), so
+    their scripts load the settings as ``Profile.LOCAL``.
+    """
     env = os.environ if environ is None else environ
     _reject_unknown_env(env)
     runtime_dir = PROJECT_ROOT / ".runtime"
     settings = Settings(runtime_dir=runtime_dir, jars_dir=runtime_dir / "jars")
     path = config_file or _config_path(env)
-    if path is not None:
-        settings = _apply(settings, _read_config_file(path), source=str(path))
+    from_file = _read_config_file(path) if path is not None else {}
+    settings = _apply(settings, from_file, source=str(path))
     from_env = {ENV_FIELDS[k]: v for k, v in env.items() if k in ENV_FIELDS}
     settings = _apply(settings, from_env, source="environment")
+    if profile is not None:
+        settings = replace(settings, profile=profile)
+    missing = set(ENV_FIELDS.values()) - set(from_file) - set(from_env)
+    settings = _apply(
+        settings, profile_values(settings, missing), source=f"profile {settings.profile}"
+    )
     for root in (settings.lake_root, settings.checkpoints_root):
         if root and urlparse(root).scheme in S3_SCHEMES:
             settings._required_s3_connection(root)  # fail now, not at the first write
@@ -186,6 +230,7 @@ def settings_environment(
         CONFLUX_SPARK_MASTER=settings.spark_master,
         CONFLUX_SPARK_CONF=json.dumps(dict(settings.spark_conf)),
         CONFLUX_LEASE_SECONDS=str(settings.lease_seconds),
+        CONFLUX_PROFILE=str(settings.profile),
     )
     roots = {
         "CONFLUX_LAKE_ROOT": settings.lake_root,
@@ -250,6 +295,8 @@ def _apply(settings: Settings, values: Mapping[str, Any], source: str) -> Settin
             changes[key] = {**settings.spark_conf, **_parse_spark_conf(value, source)}
         elif key == "lease_seconds":
             changes[key] = _parse_lease_seconds(value, source)
+        elif key == "profile":
+            changes[key] = Profile.parse(value, source)
         elif key in ("lake_root", "checkpoints_root"):
             changes[key] = _parse_root(key, str(value), source)
         else:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from pipelines.code_archive import ship_code
 from pipelines.errors import ConfigError
 from pipelines.jvm import (
     CHECKPOINT_MANAGER_CLASS,
@@ -48,6 +50,14 @@ SMALL_MACHINE_DEFAULTS: Mapping[str, str] = {
     # Delta rebuilds table state after each commit with this many tasks; 50 (its default) costs
     # seconds per micro-batch on two cores.
     "spark.databricks.delta.snapshotPartitions": "2",
+}
+#: On the project's cluster (a master on loopback, ``platform/spark/cluster.py``): one executor of
+#: one core on each worker, two cores at most per application, so a flow and a maintenance job or
+#: backfill run side by side on its two 2-core workers. Another cluster keeps Spark's defaults.
+CLUSTER_DEFAULTS: Mapping[str, str] = {
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "1g",
+    "spark.cores.max": "2",
 }
 LOOPBACK_DRIVER: Mapping[str, str] = {
     "spark.driver.host": "127.0.0.1",
@@ -121,13 +131,15 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
     jars = require_jars(settings.spark_jars_dir, "Spark (Delta + Kafka connector)")
     # always when fetched, not only for S3 settings: one session serves local and S3 paths alike
     s3_jars = storage_jars(settings.jars_dir, required=uses_s3(settings))
-    local = settings.spark_master.startswith("local")
+    local = not settings.on_cluster
+    on_loopback = urlparse(settings.spark_master).hostname in LOOPBACK_HOSTS
     conf: dict[str, str] = {
         **SMALL_MACHINE_DEFAULTS,
         **STATE_STORE_CONF,
         **DELTA_CONF,
+        **(CLUSTER_DEFAULTS if on_loopback else {}),
+        **jar_conf([*jars, *s3_jars], local),
         "spark.master": settings.spark_master,
-        "spark.jars": ",".join(str(j) for j in [*jars, *s3_jars]),
         "spark.sql.warehouse.dir": str(settings.runtime_dir / "warehouse"),
         "spark.driver.extraJavaOptions": (
             f"-Dderby.system.home={settings.runtime_dir / 'derby'} "
@@ -138,13 +150,32 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
         "spark.ui.enabled": "true" if ui else "false",
         "spark.pyspark.python": sys.executable,
     }
-    if local:
-        conf.update(LOOPBACK_DRIVER)  # embedded runs listen on loopback only
+    if local or on_loopback:
+        conf.update(LOOPBACK_DRIVER)  # embedded runs (and a cluster on this host): loopback only
     if s3_jars:
         conf.update(s3a_conf(settings))
     refuse_unsafe_overrides(settings.spark_conf)
     conf.update(settings.spark_conf)
     return conf
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def jar_conf(jars: Sequence[Path], local: bool) -> dict[str, str]:
+    """How the jars reach the JVMs: ``spark.jars`` for an embedded run; on a cluster the jar
+    folders on the driver's and executors' class paths, since ``spark.jars`` would copy every
+    jar into each application's folder on every worker, once per application (and never clean
+    it unless the worker is told to). Every host of a cluster therefore has the jars at the
+    same path (``make jars``, or the image)."""
+    if local:
+        return {"spark.jars": ",".join(str(j) for j in jars)}
+    classpath = ":".join(sorted({str(jar.parent / "*") for jar in jars}))
+    return {
+        "spark.driver.extraClassPath": classpath,
+        "spark.executor.extraClassPath": classpath,
+        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+    }
 
 
 #: Settings one writer per flow rests on (docs/object-storage.md); ``spark_conf`` may not change
@@ -193,7 +224,20 @@ def get_spark_session(
     builder = SparkSession.builder.appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    return prepare_session(builder.getOrCreate(), settings)
+
+
+def prepare_session(spark: SparkSession, settings: Settings) -> SparkSession:
+    """What a session on a cluster needs once it runs (nothing in local mode): the project's
+    code shipped to the executors (:mod:`pipelines.code_archive`).
+
+    The S3 credentials need nothing here: Spark copies the driver's ``AWS_*`` variables into the
+    Hadoop settings that travel with every task (``fs.s3a.access.key`` …), so executors on other
+    hosts write with the driver's credentials and the credentials never become Spark settings.
+    """
+    if settings.on_cluster:
+        ship_code(spark, settings)
+    return spark
 
 
 def export_credentials(

@@ -29,9 +29,10 @@ from pipelines.catalog.roles import (
     role_id,
 )
 from pipelines.catalog.state import FlowState, resolve
+from pipelines.errors import ConfigError
 from pipelines.location import Location
 from pipelines.settings import Settings
-from pipelines.spec import FlowSpec, SpecError
+from pipelines.spec import FileSource, FlowSpec, SpecError
 
 if TYPE_CHECKING:
     from pipelines.identity import FlowIdentity
@@ -292,3 +293,47 @@ def check_distinct_tables(specs: Iterable[FlowSpec], settings: Settings) -> None
                     f"writes as its {other_table.id} table; give each table its own location"
                 )
             seen[where] = (spec, table)
+
+
+def check_locations(specs: Iterable[FlowSpec], settings: Settings) -> None:
+    """Refuse, before Spark starts, locations the flows cannot use: two tables at one location
+    (:func:`check_distinct_tables`), and on a cluster anything on the driver's local disk."""
+    specs = list(specs)
+    check_distinct_tables(specs, settings)
+    if settings.on_cluster:
+        for spec in specs:
+            check_reachable_from_executors(spec, settings)
+
+
+def check_reachable_from_executors(spec: FlowSpec, settings: Settings) -> None:
+    """On a cluster, executors on other hosts write the tables, the state stores and read the
+    source: every one must be on shared storage (an ``s3a://`` location), never a local path.
+
+    Raises:
+        ConfigError: the checkpoints root is a local path (a setting).
+        SpecError: a table or the source is on the driver's disk, naming the spec field and fix.
+    """
+    on = f"Spark runs on a cluster ({settings.spark_master}), whose executors cannot reach this "
+    on += "machine's disk"
+    if settings.checkpoints.is_local:
+        raise ConfigError(
+            f"checkpoints_root: {settings.checkpoints.uri} is a local path, but {on}: set "
+            "CONFLUX_CHECKPOINTS_ROOT (or checkpoints_root in conflux.yaml) to an s3a:// prefix, "
+            "or use the cluster profile (CONFLUX_PROFILE=cluster)"
+        )
+    if isinstance(spec.source, FileSource):
+        raise SpecError(
+            f"{spec.spec_file}: source.path: {spec.source.path} is a local landing folder, but "
+            f"{on}: file sources run on a local master only (CONFLUX_SPARK_MASTER=local[*])"
+        )
+    for table in FlowCatalog.of(spec, settings).declared:
+        if table.path.is_local:
+            named = table.role.name_field  # e.g. gold.late.table: its path is gold.late.path
+            field = "target.path" if table.role is TableRole.BRONZE else named[:-5] + "path"
+            where = f" (gold table {table.gold})" if table.gold else ""
+            raise SpecError(
+                f"{spec.spec_file}: {field}{where}: the {table.id} table's location "
+                f"{table.path.uri} is a local path, but {on}: give it an s3a:// path there, or "
+                "set the lake root (CONFLUX_LAKE_ROOT / lake_root) to an s3a:// prefix for the "
+                "tables without one"
+            )

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipelines.errors import ConfigError
 from pipelines.jvm import S3A_JARS, STORAGE_JAR, require_jars
+from pipelines.profiles import Profile
 from pipelines.settings import load_settings
 
 HERE = Path(__file__).resolve().parent
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="compile again even if up to date")
     args = parser.parse_args(argv)
     try:
-        build_storage_jar(load_settings().jars_dir, args.force)
+        build_storage_jar(load_settings(profile=Profile.LOCAL).jars_dir, args.force)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pipelines.errors import ConfigError
 from pipelines.jvm import ARCHIVE_NAME, DUMP_ENV, archive_key, check_java, class_archive
 from pipelines.processes import group_pids
+from pipelines.profiles import Profile
 from pipelines.settings import load_settings, settings_environment
 
 TRAINING_FLOW = {
@@ -87,7 +88,7 @@ def train(archive: Path, runtime: Path) -> None:
     import yaml
 
     settings = replace(
-        load_settings(),
+        load_settings(profile=Profile.LOCAL),
         runtime_dir=runtime,
         flows_dir=runtime / "flows",
         kafka_bootstrap_servers=None,
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_java()
-        jars_dir = load_settings().jars_dir
+        jars_dir = load_settings(profile=Profile.LOCAL).jars_dir
         key = archive_key(jars_dir)
         if class_archive(jars_dir) is not None and not args.force:
             print(f"class archive up to date: {jars_dir / ARCHIVE_NAME}")

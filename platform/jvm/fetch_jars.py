@@ -35,6 +35,7 @@ from build_storage import build_storage_jar
 
 from pipelines.errors import ConfigError
 from pipelines.jvm import S3A_JARS, check_java
+from pipelines.profiles import Profile
 from pipelines.settings import load_settings
 
 HERE = Path(__file__).resolve().parent
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_java()
-        jars_dir = load_settings().jars_dir
+        jars_dir = load_settings(profile=Profile.LOCAL).jars_dir
         jars_dir.mkdir(parents=True, exist_ok=True)
         for name, pom in JAR_SETS.items():
             fetch_set(name, pom, jars_dir, args.force)

@@ -57,12 +57,13 @@ from local_service import (  # platform/services/local_service.py
 
 from pipelines.errors import ConfigError
 from pipelines.jvm import check_java, java_executable, require_jars
+from pipelines.profiles import LOCAL_BUCKET, LOCAL_REGION, local_store_connection
 from pipelines.settings import Settings
 from pipelines.storage import S3Connection
 
 #: The bucket Conflux's lake and flow state go to on the local store.
-BUCKET = "conflux"
-REGION = "us-east-1"
+BUCKET = LOCAL_BUCKET
+REGION = LOCAL_REGION
 #: A small heap; C1 only: the server moves small files and must start in a second or two.
 JVM_OPTIONS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 MAIN_CLASS = "org.gaul.s3proxy.Main"
@@ -78,7 +79,7 @@ class StorePaths:
 
     @classmethod
     def of(cls, settings: Settings) -> StorePaths:
-        return cls(settings.runtime_dir / "s3")
+        return cls(settings.s3_dir)
 
     @property
     def data(self) -> Path:
@@ -136,15 +137,7 @@ def credentials(paths: StorePaths, port: int | None = None) -> dict[str, Any]:
 
 def connection(paths: StorePaths) -> S3Connection:
     """How a client reaches the local store (after its first start)."""
-    saved = read_json(paths.credentials)
-    if not saved:
-        raise ConfigError(f"{paths.credentials} is missing: start the store first (make s3-start)")
-    return S3Connection(
-        f"http://{HOST}:{saved['port']}",
-        saved["access_key_id"],
-        saved["secret_access_key"],
-        REGION,
-    )
+    return local_store_connection(paths.root)
 
 
 def render_properties(paths: StorePaths, creds: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipelines.errors import ConfigError
+from pipelines.profiles import Profile
 from pipelines.settings import Settings, load_settings
 
 HOST = "127.0.0.1"
@@ -54,7 +55,10 @@ def _proc_state(pid: int) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs; zombies count as dead (an orphan may never be reaped by PID 1)."""
+    """Whether ``pid`` runs; zombies count as dead (an orphan may never be reaped by PID 1).
+    ``pid`` <= 0 (a missing or damaged state file) is never alive: ``kill(-1, 0)`` would succeed."""
+    if pid <= 0:
+        return False
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)  # reap it if it happens to be our own child
     try:
@@ -105,9 +109,12 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
-def spawn_logged(command: list[str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+def spawn_logged(
+    command: list[str], log_file: Path, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``command`` in a session of its own (so its group can be killed), its output
-    appended to ``log_file`` after a line saying when and what was started."""
+    appended to ``log_file`` after a line saying when and what was started (``env``: its whole
+    environment; default this process's)."""
     with log_file.open("ab") as out:
         out.write(f"\n=== {now()} starting: {' '.join(command)}\n".encode())
         out.flush()
@@ -118,6 +125,7 @@ def spawn_logged(command: list[str], log_file: Path, cwd: Path) -> subprocess.Po
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
 
 
@@ -211,7 +219,7 @@ def run_cli(
     problem (missing Java or jars, port taken...), 1 for ``failure`` (the service's own)."""
     args = parser.parse_args(argv)
     try:
-        return commands[args.command](load_settings(), args)
+        return commands[args.command](load_settings(profile=Profile.LOCAL), args)
     except ConfigError as exc:
         say(f"error: {exc}")
         return 2

@@ -172,11 +172,18 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
             1: [order(8, 31, "a", 4.0), order(12, 90, "a", 6.0)],  # a duplicate; a clock ahead
         }
     )  # newest 11:30 -> watermark 11:25
-    third = run(
-        {0: [order(13, 40, "a", 9.0), order(14, 50, "b", 1.5)], 1: [order(15, 95, "a", 2.5)]}
+    # the day is still open (watermark 11:25 on 2026-11-20): refused, nothing changes
+    with pytest.raises(BackfillRefusedError, match="2026-11-20 is still open"):
+        backfill(spark, spec, store_settings, "revenue", date(2026, 11, 20), date(2026, 11, 20))
+    third = run(  # judged by 11:25 though order 16 (2026-11-21 01:00) closes the 20th
+        {
+            0: [order(13, 40, "a", 9.0), order(14, 50, "b", 1.5)],
+            1: [order(15, 95, "a", 2.5), order(16, 15 * 60, "b", 1.0)],
+        }
     )
 
-    # partition 0: offsets 0..5 (run 1), 6..9 (run 2), 10..11 (run 3); partition 1: 0..1, 2..3, 4
+    # partition 0: offsets 0..5 (run 1), 6..9 (run 2), 10..11 (run 3); partition 1: 0..1, 2..3,
+    # 4..5
     assert late_keys(store_settings, "revenue_late") == [(0, 6), (0, 10), (0, 11)]
     assert late_keys(store_settings, "orders_5m_late") == [(0, 6), (0, 7), (0, 8), (0, 10), (0, 11)]
     quarantine = read_rows(silver_path(store_settings, "silver_shop_quarantine"))
@@ -222,11 +229,7 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
             first_of_each.setdefault(o["order_id"], o)
     assert read_gold(dedup_path) == expected_gold(first_of_each.values(), TEN, FIVE)
 
-    # the day is still open (watermark 11:25 on 2026-11-20): refused, nothing changes
-    with pytest.raises(BackfillRefusedError, match="2026-11-20 is still open"):
-        backfill(spark, spec, store_settings, "revenue", date(2026, 11, 20), date(2026, 11, 20))
-
-    run({1: [order(16, 15 * 60, "b", 1.0)]})  # 2026-11-21 01:00: the 20th closes
+    # the 20th closed under 2026-11-21 00:55: the backfill puts the late rows in
     for table in ("revenue", "orders_5m"):
         result = backfill(
             spark, spec, store_settings, table, date(2026, 11, 20), date(2026, 11, 20)
@@ -276,35 +279,44 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
     rng = random.Random(seed)
     topic = "gold_chaos"
     create_topic(kafka_broker.bootstrap_servers, topic, partitions=2)
-    spec = load_spec(
-        write_spec(
-            tmp_path / "flows",
-            {
-                "name": "gold_chaos",
-                "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 2000},
-                "target": {"table": "bronze_gold_chaos"},
-                "trigger": {"mode": "continuous", "interval": "1 second"},
-                "silver": {
-                    "format": "json",
-                    "schema": "order_id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP",
+
+    def chaos_spec(max_offsets_per_trigger: int) -> FlowSpec:
+        source = {
+            "kind": "kafka",
+            "topics": [topic],
+            "max_offsets_per_trigger": max_offsets_per_trigger,
+        }
+        return load_spec(
+            write_spec(
+                tmp_path / "flows",
+                {
+                    "name": "gold_chaos",
+                    "source": source,
+                    "target": {"table": "bronze_gold_chaos"},
+                    "trigger": {"mode": "continuous", "interval": "1 second"},
+                    "silver": {
+                        "format": "json",
+                        "schema": "order_id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP",
+                    },
+                    "gold": [
+                        {
+                            "table": "chaos_revenue",
+                            "event_time": "ts",
+                            "allowed_lateness": "5 minutes",
+                            "window": {"duration": "10 minutes"},
+                            "group_by": ["product"],
+                            "aggregates": [
+                                {"name": "revenue", "function": "sum", "column": "amount"},
+                                {"name": "orders", "function": "count"},
+                                {"name": "biggest", "function": "max", "column": "amount"},
+                            ],
+                        }
+                    ],
                 },
-                "gold": [
-                    {
-                        "table": "chaos_revenue",
-                        "event_time": "ts",
-                        "allowed_lateness": "5 minutes",
-                        "window": {"duration": "10 minutes"},
-                        "group_by": ["product"],
-                        "aggregates": [
-                            {"name": "revenue", "function": "sum", "column": "amount"},
-                            {"name": "orders", "function": "count"},
-                            {"name": "biggest", "function": "max", "column": "amount"},
-                        ],
-                    }
-                ],
-            },
+            )
         )
-    )
+
+    spec = chaos_spec(2000)
     settings = replace(
         spark_settings, spark_conf={"spark.ui.enabled": "false", **spark_settings.spark_conf}
     )
@@ -351,7 +363,8 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
                 landings.append(kill_now(group, state))
         send_to(1, chaos_orders(3, per_chunk, rng))
         send_to(1, [order(CHAOS_RECORDS, 16 * 60, "latte", 1.0)])  # 2026-11-21: the 20th closes
-        finished, out = launches.catch_up_here(spark)
+        # the rest in large batches: the killed batch first, with the offsets it planned
+        finished, out = launches.catch_up_here(spark, chaos_spec(len(sent)))
         outputs.append(out)
         assert finished.code == EXIT_OK, out.tail()
     finally:
