@@ -1,16 +1,14 @@
-"""Which executors ran an application: read from the driver's own status API before it stops.
+"""Which executors ran an application: read from the driver's status store before it stops.
 
 On a cluster an operator wants to know where a flow's work went (and that it went to the
-cluster at all, not to the driver). Spark's monitoring API on the driver's UI lists every
-executor the application had, live or lost, with the tasks each completed and failed.
+cluster at all, not to the driver). The driver's status store (what its UI and monitoring API
+show) lists every executor the application had, live or lost, with the tasks each completed and
+failed.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -31,28 +29,26 @@ class ExecutorWork:
         return f"executor {self.executor_id} at {self.host_port}: {self.completed_tasks} tasks{failed}{lost}"
 
 
-def executors_of(spark: SparkSession, timeout: float = 5.0) -> list[ExecutorWork]:
-    """Every executor the application has had (the driver excluded); empty without a UI."""
-    context = spark.sparkContext
-    if not context.uiWebUrl:
-        return []
-    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/allexecutors"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            listed: list[dict[str, Any]] = json.loads(reply.read())
-    except (OSError, ValueError):
-        return []
-    return [
-        ExecutorWork(
-            str(item["id"]),
-            str(item.get("hostPort", "?")),
-            int(item.get("completedTasks", 0)),
-            int(item.get("failedTasks", 0)),
-            bool(item.get("isActive", False)),
+def executors_of(spark: SparkSession) -> list[ExecutorWork]:
+    """Every executor the application has had (the driver excluded), from the driver's own
+    status store: no HTTP round trip to its UI, which a loaded host may answer too late."""
+    jvm_context = spark.sparkContext._jsc.sc()
+    listed = jvm_context.statusStore().executorList(False)  # live and lost ones
+    found = []
+    for index in range(listed.size()):
+        item = listed.apply(index)
+        if item.id() == "driver":
+            continue
+        found.append(
+            ExecutorWork(
+                str(item.id()),
+                str(item.hostPort()),
+                int(item.completedTasks()),
+                int(item.failedTasks()),
+                bool(item.isActive()),
+            )
         )
-        for item in listed
-        if item.get("id") != "driver"
-    ]
+    return found
 
 
 def executors_report(spark: SparkSession) -> str | None:

@@ -42,7 +42,7 @@ from pipelines.settings import PROJECT_ROOT, Settings, load_settings
 from pipelines.spec import load_spec
 from tests.conftest import DEFAULT_JAVA_OPTIONS, TEST_DRIVER_JVM_OPTIONS
 from tests.integration.test_bronze_exactly_once import write_spec
-from tests.integration.test_gold import TEN, order, send
+from tests.integration.test_gold import AGGREGATES, ORDER_SCHEMA, TEN, order, send
 from tests.integration.test_silver import (
     CdcStream,
     SilverPaths,
@@ -163,7 +163,7 @@ def gold_flow(topic: str) -> dict[str, Any]:
         "target": {"table": "bronze_cl_shop"},
         "silver": {
             "format": "json",
-            "schema": "order_id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP",
+            "schema": ORDER_SCHEMA,
         },
         "gold": [
             {
@@ -172,11 +172,7 @@ def gold_flow(topic: str) -> dict[str, Any]:
                 "allowed_lateness": "5 minutes",
                 "window": {"duration": "10 minutes"},
                 "group_by": ["product"],
-                "aggregates": [
-                    {"name": "revenue", "function": "sum", "column": "amount"},
-                    {"name": "orders", "function": "count"},
-                    {"name": "biggest", "function": "max", "column": "amount"},
-                ],
+                "aggregates": AGGREGATES,
             }
         ],
     }

@@ -81,12 +81,17 @@ def send(broker: KafkaBroker, topic: str, partition: int, orders: list[dict[str,
     produce(broker.bootstrap_servers, topic, records, partition=partition)
 
 
+#: The aggregates tests.support.gold.expected_gold computes: sum, count and max of ``amount``.
+AGGREGATES = [
+    {"name": "revenue", "function": "sum", "column": "amount"},
+    {"name": "orders", "function": "count"},
+    {"name": "biggest", "function": "max", "column": "amount"},
+]
+#: The shape of the orders :func:`order` makes, as a silver JSON schema.
+ORDER_SCHEMA = "order_id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP"
+
+
 def gold_spec(tmp_path: Path, topic: str) -> FlowSpec:
-    aggregates = [
-        {"name": "revenue", "function": "sum", "column": "amount"},
-        {"name": "orders", "function": "count"},
-        {"name": "biggest", "function": "max", "column": "amount"},
-    ]
     return load_spec(
         write_spec(
             tmp_path / "flows",
@@ -96,7 +101,7 @@ def gold_spec(tmp_path: Path, topic: str) -> FlowSpec:
                 "target": {"table": "bronze_shop"},
                 "silver": {
                     "format": "json",
-                    "schema": "order_id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP",
+                    "schema": ORDER_SCHEMA,
                 },
                 "gold": [
                     {
@@ -105,7 +110,7 @@ def gold_spec(tmp_path: Path, topic: str) -> FlowSpec:
                         "allowed_lateness": "5 minutes",
                         "window": {"duration": "10 minutes"},
                         "group_by": ["product"],
-                        "aggregates": aggregates,
+                        "aggregates": AGGREGATES,
                     },
                     {
                         "table": "orders_5m",
@@ -113,7 +118,7 @@ def gold_spec(tmp_path: Path, topic: str) -> FlowSpec:
                         "allowed_lateness": "5 minutes",
                         "window": {"duration": "10 minutes", "slide": "5 minutes"},
                         "deduplicate": ["order_id"],
-                        "aggregates": aggregates,
+                        "aggregates": AGGREGATES,
                     },
                 ],
             },
@@ -296,7 +301,7 @@ def test_gold_is_exact_after_kills_during_stateful_batches(
                     "trigger": {"mode": "continuous", "interval": "1 second"},
                     "silver": {
                         "format": "json",
-                        "schema": "order_id BIGINT, product STRING, amount DOUBLE, ts TIMESTAMP",
+                        "schema": ORDER_SCHEMA,
                     },
                     "gold": [
                         {
