@@ -523,7 +523,10 @@ class TestSilverExactlyOnce:
             with launches.run("run-1", "continuous") as (group, out):
                 check_silver_restart(landings[-1], paths, group, out)
                 delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (MERGE batches last seconds)
-                landings.append(kill_mid_batch(group, files, mid_batch, delay, TRIES))
+                replayed = landings[-1].batch_id  # aim at the first batch after the replay
+                landings.append(
+                    kill_mid_batch(group, files, mid_batch, delay, TRIES, after=replayed)
+                )
             produce_tranche(2)
             if FULL_SCHEDULE:
                 with launches.run("run-2", "continuous") as (group, out):

@@ -353,15 +353,18 @@ def kill_mid_batch(
     delay: Callable[[], float],
     tries: int = 8,
     timeout: float = 600.0,
+    after: int | None = None,
 ) -> Landing:
     """SIGKILL while a planned batch runs: ``offsets/B`` written, no Delta commit, no ``commits/B``.
 
-    Waits for a new entry in the offset log, then ``delay()`` seconds more (to land inside the
-    batch's Spark jobs rather than at its very start), pauses the group and checks the state;
-    kills if it is mid-batch, else resumes and tries the next batch, at most ``tries`` times.
+    Waits for an entry in the offset log after batch ``after`` (default: the newest planned
+    now), then ``delay()`` seconds more (to land inside the batch's Spark jobs rather than at its
+    very start), pauses the group and checks the state; kills if it is mid-batch, else resumes
+    and tries the next batch, at most ``tries`` times. ``after`` lets a caller aim at a batch
+    already planned (the first after a replay) instead of waiting for the one after it.
     """
     planned = files.planned_batches()
-    seen = planned[-1] if planned else -1
+    seen = after if after is not None else (planned[-1] if planned else -1)
     deadline = time.monotonic() + timeout
     for attempt in range(1, tries + 1):
 
