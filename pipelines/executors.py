@@ -52,11 +52,14 @@ def executors_of(spark: SparkSession) -> list[ExecutorWork]:
 
 
 def executors_report(spark: SparkSession) -> str | None:
-    """One line naming the application and every executor's work; None in local mode."""
-    if (spark.sparkContext.master or "local").startswith("local"):
+    """One line naming the application and every executor's work; None in local mode, and None
+    when the driver cannot say: it is called in the runner's ``finally``, before the session
+    stops, possibly after a failure, and must never hide that failure or skip the stop."""
+    try:
+        context = spark.sparkContext
+        if (context.master or "local").startswith("local"):
+            return None
+        listed = "; ".join(e.describe() for e in executors_of(spark)) or "no executor registered"
+        return f"application {context.applicationId} on {context.master}: {listed}"
+    except Exception:  # a dead driver JVM or a closed py4j gateway: no report, the error stands
         return None
-    executors = executors_of(spark)
-    listed = "; ".join(e.describe() for e in executors) or "none reported (no Spark UI)"
-    return (
-        f"application {spark.sparkContext.applicationId} on {spark.sparkContext.master}: {listed}"
-    )

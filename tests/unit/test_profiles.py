@@ -14,6 +14,7 @@ import pytest
 from pipelines.catalog.tables import check_locations
 from pipelines.code_archive import code_archive
 from pipelines.errors import ConfigError
+from pipelines.executors import executors_report
 from pipelines.profiles import Profile
 from pipelines.settings import load_settings, settings_environment
 from pipelines.spark import spark_conf
@@ -199,3 +200,14 @@ def test_a_worker_sees_only_the_jars_and_its_own_folder_of_the_runtime(tmp_path:
     assert f"mount -o remount,ro,bind {jars_dir}" in lines  # the jars read-only as well
     assert f"mount --bind /mnt/1 {cluster_dir}" in lines
     assert f"mount -o remount,ro,bind {cluster_dir}" not in lines  # the workers write there
+
+
+def test_the_executor_report_never_hides_why_a_run_ended() -> None:
+    """It runs in the runner's ``finally``: a dead driver gives no report, not a new error."""
+
+    class DeadDriver:
+        @property
+        def sparkContext(self) -> None:  # noqa: N802  (pyspark's name)
+            raise RuntimeError("the py4j gateway is closed")
+
+    assert executors_report(DeadDriver()) is None  # type: ignore[arg-type]
