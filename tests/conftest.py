@@ -30,6 +30,16 @@ from tests.support.runtime import S3_STORE_SCRIPT, KafkaBroker, S3Store, Service
 #: Compiler has been disabled": the driver then crawls, interpreted); hence the larger cache.
 DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 TEST_DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=160m"
+#: JVM options of the suite's own session (one per worker, alive for all of the worker's modules):
+#: C2 kept, but a method must run five times as often as by default before C2 compiles it. Each
+#: test's queries bring classes of their own (Spark's generated code, each plan's closures) that
+#: run a few thousand times and are never seen again; C2 spent 142 of 732 CPU-seconds compiling
+#: them in a serial run of test_gold + test_silver_json (89 of 632 with this, 462 -> 420 s).
+#: 20x was slower (515 s): the hot paths then stay in C1 code too long. bench/HISTORY.md.
+TEST_SESSION_JVM_OPTIONS = (
+    "-XX:Tier4InvocationThreshold=25000 -XX:Tier4MinInvocationThreshold=3000 "
+    "-XX:Tier4CompileThreshold=75000 -XX:Tier4BackEdgeThreshold=200000"
+)
 
 
 TESTS = Path(__file__).resolve().parent
@@ -143,8 +153,8 @@ def spark_settings(kafka_broker: KafkaBroker, tmp_path_factory: pytest.TempPathF
 @pytest.fixture(scope="session")
 def spark(spark_settings: Settings) -> Iterator[SparkSession]:
     """One SparkSession (Delta + Kafka connector) for the whole integration session, UI off,
-    with the JIT's defaults (it runs for the whole session)."""
-    conf = {k: v for k, v in spark_settings.spark_conf.items() if k != DEFAULT_JAVA_OPTIONS}
+    with C2 (it runs for the whole session) at the thresholds of :data:`TEST_SESSION_JVM_OPTIONS`."""
+    conf = {**spark_settings.spark_conf, DEFAULT_JAVA_OPTIONS: TEST_SESSION_JVM_OPTIONS}
     session = get_spark_session("conflux-tests", replace(spark_settings, spark_conf=conf), ui=False)
     yield session
     session.stop()
