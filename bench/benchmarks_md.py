@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,24 +154,50 @@ def latency_section(data: dict[str, Any]) -> str:
 def store_section(data: dict[str, Any]) -> str:
     from bench.store import markdown_table
 
-    return "\n\n".join([
-        "## Local disk against an S3 store",
+    intro = (
         "The same measurements in one run, once with the lake and the checkpoints on the local "
         "disk, once on the benchmark's own S3 store (`lake_root` / `checkpoints_root` on "
         "`s3a://`): bronze throughput of Conflux's flow on the same records, produce → visible "
         "in bronze read by delta-rs where the table lives, a small Delta append from Spark "
-        "(on S3 through Conflux's conditional log store), a lease renew. "
-        f"**{data['label']}.**",
+        "(on S3 through Conflux's conditional log store), a lease renew."
+    )
+    return side_by_side_section("Local disk against an S3 store", intro, data, markdown_table)
+
+
+def cluster_section(data: dict[str, Any]) -> str:
+    from bench.cluster import markdown_table
+
+    intro = (
+        "The same flows in one run, once in local mode (Spark inside the driver's JVM), once on "
+        "the benchmark's own Spark standalone cluster (`platform/spark/cluster.py`: a master and "
+        "two workers, one 1-core executor each), tables and checkpoints on the benchmark's own "
+        "S3 store in both: bronze throughput of Conflux's flow on the same records, silver's "
+        "produce → visible in the current-state table at a steady rate, and where the tasks' "
+        "time went, from each run's Spark event log."
+    )
+    title = "Local mode against the project's Spark cluster"
+    return side_by_side_section(title, intro, data, markdown_table)
+
+
+def side_by_side_section(
+    title: str, intro: str, data: dict[str, Any], table: Callable[[dict[str, Any]], str]
+) -> str:
+    """A benchmark that measures the same things two ways in one run (possibly a run of its own,
+    merged into the main run's results: ``data["run"]``)."""
+    return "\n\n".join([
+        f"## {title}",
+        f"{intro} **{data['label']}.**",
         *([f"Measured in a run of its own, {data['run']['started_at']}: "
            f"`{data['run']['command']}`."] if "run" in data else []),
-        markdown_table(data),
+        table(data),
     ])  # fmt: skip
 
 
 def other_results(document: dict[str, Any]) -> str:
     """Rows of the benchmarks this module has no section for (session start, broker, silver...)."""
     rows = [r for r in document["rows"]
-            if r["benchmark"] not in ("bronze_throughput", "e2e_latency", "store")]  # fmt: skip
+            if r["benchmark"] not in ("bronze_throughput", "e2e_latency", "store",
+                                      "cluster")]  # fmt: skip
     if not rows:
         return ""
     lines = ["## Other benchmarks of this run", "| benchmark | metric | value | notes |",
@@ -209,6 +236,8 @@ def markdown(document: dict[str, Any]) -> str:
         parts.append(latency_section(results["e2e_latency"]))
     if "store" in results:
         parts.append(store_section(results["store"]))
+    if "cluster" in results:
+        parts.append(cluster_section(results["cluster"]))
     other = other_results(document)
     if other:
         parts.append(other)

@@ -55,8 +55,15 @@ class OwnStore:
 def store_cli(
     runtime_dir: Path, jars_dir: Path, *args: str, timeout: float
 ) -> subprocess.CompletedProcess[str]:
+    return service_cli(STORE_SCRIPT, runtime_dir, jars_dir, *args, timeout=timeout)
+
+
+def service_cli(
+    script: Path, runtime_dir: Path, jars_dir: Path, *args: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """A ``platform/`` manager's command, its runtime folder ``runtime_dir``, output captured."""
     return subprocess.run(
-        [PYTHON, str(STORE_SCRIPT), *args],
+        [PYTHON, str(script), *args],
         env=conflux_env(runtime_dir, jars_dir),
         cwd=PROJECT_ROOT,
         capture_output=True,

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Outcome
+from bench.harness import Outcome, Row
 
 RESULTS_HEADER = "| benchmark | metric | value | notes |\n|---|---|---|---|"
 
@@ -16,6 +16,35 @@ def key_value_table(values: dict[str, str]) -> str:
     lines = ["| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in values.items()]
     return "\n".join(lines)
+
+
+def side_by_side_rows(benchmark: str, data: dict[str, Any], names: tuple[str, str],
+                      titles: tuple[str, str], label: str) -> list[Row]:  # fmt: skip
+    """Result rows of a ``comparison`` whose lines hold ``names[0]`` and ``names[1]``'s figures
+    (``bench/store.py``, ``bench/cluster.py``); ``titles`` name them for people."""
+    left, right = names
+    result = []
+    for c in data["comparison"]:
+        a, b = c["format"].format(c[left]), c["format"].format(c[right])
+        result.append(Row(benchmark, f"{c['measure']}: {titles[0]} / {titles[1]} "
+                                     f"({right} / {left})",
+                          f"{a} / {b} {c['unit']} ({c['ratio']:.2f}x)",
+                          f"{c['size']}; {label}"))  # fmt: skip
+    return result
+
+
+def side_by_side_table(data: dict[str, Any], names: tuple[str, str],
+                       titles: tuple[str, str]) -> list[str]:  # fmt: skip
+    """The Markdown table of the same ``comparison``: measure, size, both figures, their ratio."""
+    left, right = names
+    lines = [f"| measure | size | {titles[0]} | {titles[1]} * | {right} / {left} |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for c in data["comparison"]:
+        a, b = c["format"].format(c[left]), c["format"].format(c[right])
+        ratio = f"{c['ratio']:.2f}" if c[left] else "—"
+        lines.append(f"| {c['measure']} | {c['size']} | {a} {c['unit']} | {b} {c['unit']} "
+                     f"| {ratio} |")  # fmt: skip
+    return lines
 
 
 def results_table(outcomes: dict[str, Outcome]) -> str:

@@ -1,7 +1,9 @@
 """Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency;
 on request (``--only``) silver's MERGE throughput and latency, reads before / after OPTIMIZE, and
 the local disk against an S3 store (``store``: the benchmark's own s3proxy on loopback; and
-``silver_store``: silver's produce → visible latency on each).
+``silver_store``: silver's produce → visible latency on each), and local mode against the
+project's Spark cluster (``cluster``: bronze throughput, silver, and where the tasks' time goes,
+at the sizes of ``store`` and ``silver_store``).
 
 Usage (from the project root)::
 
@@ -30,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchmarks_md import write as write_benchmarks
+from bench.cluster import ClusterPlan, run_cluster
 from bench.harness import PROJECT_ROOT, WORKDIR_PREFIX, BenchError, Outcome, say
 from bench.join import Plan as JoinPlan
 from bench.join import run_gold_join
@@ -64,6 +67,7 @@ BENCHMARKS = (
     "gold_join",
     "store",
     "silver_store",
+    "cluster",
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
 ON_REQUEST = {
@@ -75,6 +79,7 @@ ON_REQUEST = {
     "gold_join",
     "store",  # ~8 minutes at the default size
     "silver_store",  # ~6 minutes at the default size
+    "cluster",  # ~10 minutes at the default size
 }
 NEEDS_BROKER = {
     "broker_start",
@@ -83,6 +88,7 @@ NEEDS_BROKER = {
     "silver_latency",
     "store",
     "silver_store",
+    "cluster",
 }
 
 
@@ -380,6 +386,8 @@ class Bench:
             self.store(bootstrap)
         if "silver_store" in self.selected:
             self.silver_store(bootstrap)
+        if "cluster" in self.selected:
+            self.cluster(bootstrap)
 
     def throughput(self, bootstrap: str) -> None:
         a = self.args
@@ -437,6 +445,15 @@ class Bench:
             a.silver_store_design, a.silver_intervals[0], command_line(),
         )  # fmt: skip
         self.record("silver_store", outcome)
+
+    def cluster(self, bootstrap: str) -> None:
+        a = self.args
+        plan = ClusterPlan(
+            a.store_records, a.store_commit_records, a.store_repeats, a.store_pace[0],
+            a.store_pace[1], a.latency_warmup, a.silver_intervals[0], a.silver_store_design,
+        )  # fmt: skip
+        outcome = run_cluster(self.workdir, self.jars_dir, bootstrap, plan, command_line())
+        self.record("cluster", outcome)
 
 
 def command_line() -> str:

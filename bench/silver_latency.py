@@ -230,12 +230,13 @@ def run_design(
     chaining: str,
     interval: str,
     n: int,
-    overrides: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
     tag: str = "",
+    spark_conf: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One design's run. ``overrides``: settings fields of the runner (its lake and checkpoints
-    on S3: they reach it through its environment only); ``tag``: part of the folder's and the
-    topic's names."""
+    on S3, its master: they reach it through its environment only); ``tag``: part of the
+    folder's and the topic's names; ``spark_conf``: Spark settings of the runner."""
     name = f"silverlat{n}"
     topic = f"bench_cdc_{n}{tag}"
     runtime = workdir / f"silver-latency-{n}{tag}"
@@ -246,7 +247,7 @@ def run_design(
     lake = bench_settings(runtime, jars_dir, overrides=overrides).lake
     reader = Reader(lake / "silver" / f"{name}_current")
     sent: dict[int, float] = {}
-    env = conflux_env(runtime, jars_dir, bootstrap, overrides=overrides)
+    env = conflux_env(runtime, jars_dir, bootstrap, spark_conf, overrides)
     command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec_file)]
     say(f"silver_latency: chaining {chaining}, trigger every {interval}: starting the runner")
     with Child(command, env, runtime / "runner.log") as child:

@@ -34,6 +34,7 @@ from bench.latency import Plan as LatencyPlan
 from bench.latency import percentile, run_runner
 from bench.orders import create_topic, delete_topic, produce_fast
 from bench.own_store import OwnStore, own_store
+from bench.report import side_by_side_rows, side_by_side_table
 from bench.throughput import Run, Setup, check_same_offsets, run_one, topic_of
 from pipelines.lease import FlowLease, LeaseTerm, StoredLeaseStore, new_owner_id
 from pipelines.location import Location
@@ -351,25 +352,12 @@ def comparison(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def rows(data: dict[str, Any]) -> list[Row]:
-    result = []
-    for c in data["comparison"]:
-        local, store = c["format"].format(c["local"]), c["format"].format(c["store"])
-        result.append(Row("store", f"{c['measure']}: local disk / S3 store (store / local)",
-                          f"{local} / {store} {c['unit']} ({c['ratio']:.2f}x)",
-                          f"{c['size']}; store: {LABEL}"))  # fmt: skip
-    return result
+    return side_by_side_rows("store", data, STORES, ("local disk", "S3 store"), f"store: {LABEL}")
 
 
 def markdown_table(data: dict[str, Any]) -> str:
     """The side-by-side table (BENCHMARKS.md's section and the run's Markdown block)."""
-    lines = [
-        "| measure | size | local disk | S3 store * | store / local |",
-        "|---|---|---|---|---|",
-    ]
-    for c in data["comparison"]:
-        local, store = c["format"].format(c["local"]), c["format"].format(c["store"])
-        lines.append(f"| {c['measure']} | {c['size']} | {local} {c['unit']} | {store} {c['unit']} "
-                     f"| {c['ratio']:.2f} |")  # fmt: skip
+    lines = side_by_side_table(data, STORES, ("local disk", "S3 store"))
     commits, lease = data["commits"], data["lease"]
     lines += [
         "",

@@ -63,6 +63,8 @@ class Setup:
     keep_tables: bool = False
     #: Settings fields of Conflux's runner (the ``store`` benchmark: lake and checkpoints on S3).
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    #: Spark settings of Conflux's runner (the ``cluster`` benchmark: its event log).
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
     #: Part of the topic's name, so that two benchmarks of one run never share a topic.
     topic_tag: str = ""
 
@@ -149,7 +151,8 @@ def run_one(setup: Setup, runner: str, records: int, index: int) -> Run:
     runtime = setup.workdir / f"{runner}-{records}-{index}"
     table = table_of(setup, runner, runtime)
     command, started_text = _command(setup, runner, topic_of(setup, records), runtime, table)
-    env = conflux_env(runtime, setup.jars_dir, setup.bootstrap, overrides=setup.overrides)
+    env = conflux_env(runtime, setup.jars_dir, setup.bootstrap, dict(setup.spark_conf),
+                      setup.overrides)  # fmt: skip
     with Child(command, env, runtime / "run.log") as child:
         query_started = child.wait_for_text(started_text, RUN_TIMEOUT)
         wall = child.wait_ok(RUN_TIMEOUT)

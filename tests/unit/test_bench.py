@@ -4,6 +4,7 @@ a Spark driver maps the JVM class archive."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,58 @@ def test_quick_mode_keeps_what_the_command_line_says() -> None:
     assert parse_args(["--quick", "--repeats", "2"]).repeats == 2
     with pytest.raises(SystemExit):
         parse_args(["--quick", "--write-benchmarks"])
+
+
+def test_task_times_sums_every_finished_tasks_metrics_from_the_event_log(tmp_path: Path) -> None:
+    """The cluster benchmark's breakdown: run, deserialize and result times as logged, the
+    scheduler delay as the Spark UI computes it (the rest of launch → finish), CPU in ns, and
+    when the last executor registered after the application started."""
+    from bench.cluster import task_times
+
+    def task(launch: int, finish: int, run: int, remote_bytes: int) -> dict[str, object]:
+        return {
+            "Event": "SparkListenerTaskEnd",
+            "Task Info": {"Launch Time": launch, "Finish Time": finish, "Getting Result Time": 0},
+            "Task Metrics": {
+                "Executor Run Time": run,
+                "Executor Deserialize Time": 100,
+                "Result Serialization Time": 10,
+                "JVM GC Time": 5,
+                "Executor CPU Time": 200_000_000,
+                "Executor Deserialize CPU Time": 50_000_000,
+                "Shuffle Read Metrics": {"Remote Bytes Read": remote_bytes, "Fetch Wait Time": 7},
+                "Shuffle Write Metrics": {"Shuffle Bytes Written": 1_000_000},
+            },
+        }
+
+    events = [
+        {"Event": "SparkListenerApplicationStart", "Timestamp": 1_000_000},
+        {"Event": "SparkListenerExecutorAdded", "Timestamp": 1_002_000},
+        {"Event": "SparkListenerExecutorAdded", "Timestamp": 1_009_500},
+        task(1_010_000, 1_011_000, 800, 2_000_000),
+        task(1_012_000, 1_012_500, 300, 0),
+        {"Event": "SparkListenerTaskEnd", "Task Info": {}, "Task Metrics": None},  # a failed one
+    ]
+    (tmp_path / "app-1").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+
+    times = task_times(tmp_path)
+
+    assert times["tasks"] == 2
+    assert times["task_seconds"] == pytest.approx(1.5)
+    assert times["run_seconds"] == pytest.approx(1.1)
+    assert times["deserialize_seconds"] == pytest.approx(0.2)
+    # (1000 - 800 - 100 - 10) + (500 - 300 - 100 - 10) ms
+    assert times["scheduler_delay_seconds"] == pytest.approx(0.18)
+    assert times["cpu_seconds"] == pytest.approx(0.5)
+    assert times["shuffle_remote_mb"] == pytest.approx(2.0)
+    assert times["shuffle_fetch_wait_seconds"] == pytest.approx(0.014)
+    assert times["shuffle_written_mb"] == pytest.approx(2.0)
+    assert (times["executors"], times["executors_ready_seconds"]) == (2, 9.5)
+
+
+def test_task_times_refuses_a_folder_without_exactly_one_event_log(tmp_path: Path) -> None:
+    from bench.cluster import task_times
+    from bench.harness import BenchError
+
+    with pytest.raises(BenchError, match="expected one Spark event log, found \\[\\]"):
+        task_times(tmp_path)
