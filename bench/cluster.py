@@ -112,29 +112,40 @@ def own_cluster(runtime_dir: Path, jars_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 def task_times(folder: Path) -> dict[str, float]:
-    """Every finished task's metrics from the one event log in ``folder``, summed (seconds,
-    megabytes), with the number of tasks and of executors and how long after the application
-    started the last executor registered (0 in local mode: the driver is the executor)."""
+    """The metrics of every task that succeeded, from the one event log in ``folder``, summed
+    (seconds, megabytes); the tasks that did not (failed, killed, lost with their executor) are
+    counted apart, as the Spark UI's summary leaves them out. Also the number of executors (the
+    driver counts as one in local mode) and how long after the application's start the last one
+    registered.
+
+    Raises:
+        BenchError: no finished log (an ``.inprogress`` one means the driver never stopped
+            cleanly: its sums would be partial), or a log without the application's start.
+    """
     logs = [p for p in folder.iterdir() if p.is_file()]
-    if len(logs) != 1:
-        raise BenchError(f"{folder}: expected one Spark event log, found {[p.name for p in logs]}")
-    totals: Counter[str] = Counter()
-    started, executors = 0.0, []
+    if len(logs) != 1 or logs[0].name.endswith(".inprogress"):
+        raise BenchError(f"{folder}: expected one finished Spark event log, found "
+                         f"{[p.name for p in logs]}")  # fmt: skip
+    totals: Counter[str] = Counter({"tasks": 0, "failed_tasks": 0})
+    started, executors = None, []
     with logs[0].open() as lines:
-        for line in lines:
-            event = json.loads(line)
+        for event in map(json.loads, lines):
             kind = event["Event"]
             if kind == "SparkListenerApplicationStart":
                 started = event["Timestamp"]
             elif kind == "SparkListenerExecutorAdded":
                 executors.append(event["Timestamp"])
-            elif kind == "SparkListenerTaskEnd" and event.get("Task Metrics"):
-                add_task(totals, event["Task Info"], event["Task Metrics"])
-    remote = [t for t in executors if t]
+            elif kind == "SparkListenerTaskEnd":
+                if event.get("Task End Reason", {}).get("Reason") == "Success":
+                    add_task(totals, event["Task Info"], event["Task Metrics"])
+                else:
+                    totals["failed_tasks"] += 1
+    if started is None or not executors:
+        raise BenchError(f"{logs[0]}: no application start or no executor in the event log")
     return {
         **{key: round(value, 3) for key, value in totals.items()},
         "executors": len(executors),
-        "executors_ready_seconds": round((max(remote) - started) / 1000, 2) if remote else 0.0,
+        "executors_ready_seconds": round((max(executors) - started) / 1000, 2),
     }
 
 
@@ -161,6 +172,7 @@ def add_task(totals: Counter[str], info: dict[str, Any], metrics: dict[str, Any]
         totals[f"{name}_seconds"] += ms / 1000
     totals["scheduler_delay_seconds"] += max(0, duration - sum(parts.values())) / 1000
     totals["gc_seconds"] += metrics["JVM GC Time"] / 1000
+    totals["shuffle_write_seconds"] += shuffle_write.get("Shuffle Write Time", 0) / 1e9
     totals["cpu_seconds"] += (
         metrics["Executor CPU Time"] + metrics["Executor Deserialize CPU Time"]
     ) / 1e9
@@ -179,6 +191,8 @@ def order(index: int) -> tuple[str, ...]:
 
 
 def measure_bronze(ctx: Context, plan: ClusterPlan) -> dict[str, Any]:
+    """Bronze throughput on each profile, ``plan.repeats`` times, the order alternating; every
+    run reads the same offsets (checked) and leaves its event log."""
     base = Setup(ctx.workdir / "cluster-bronze", ctx.jars_dir, ctx.bootstrap,
                  plan.commit_records, ("conflux",), topic_tag="_cluster")  # fmt: skip
     topic = topic_of(base, plan.records)
@@ -216,6 +230,7 @@ def measure_bronze(ctx: Context, plan: ClusterPlan) -> dict[str, Any]:
 
 
 def measure_silver(ctx: Context, plan: ClusterPlan) -> dict[str, Any]:
+    """Silver at ``plan.rate`` on each profile, once, local first (each a fresh flow and topic)."""
     pace = Pace(plan.rate, plan.seconds, plan.warmup)
     results = {}
     for n, profile in enumerate(PROFILES):
@@ -232,6 +247,7 @@ def measure_silver(ctx: Context, plan: ClusterPlan) -> dict[str, Any]:
 def run_cluster(
     workdir: Path, jars_dir: Path, bootstrap: str, plan: ClusterPlan, command: str
 ) -> Outcome:
+    """The benchmark: its own store and cluster around both measures (see the module doc)."""
     data: dict[str, Any] = {"label": LABEL, "plan": asdict(plan), "command": command}
     with (
         own_store(workdir / "s3-runtime", jars_dir) as store,
@@ -256,12 +272,22 @@ def comparison(data: dict[str, Any]) -> list[dict[str, Any]]:
     bronze_size = f"{p['records']:,} records, commits of {p['commit_records']:,}; {runs}"
     silver_size = (f"{p['rate']:g} change events/s for {p['seconds']:g} s after a "
                    f"{p['warmup']:g} s warm-up, trigger every {p['interval']}")  # fmt: skip
+    behind = [n for n in PROFILES if _silver(s[n], "busy_rows_per_second") < p["rate"]]
+    if behind:
+        silver_size += (f"; did NOT keep up on {' and '.join(behind)} (busy throughput below the "
+                        "rate): the latencies measure a backlog that grew while producing")  # fmt: skip
     lines: list[tuple[str, str, str, str, float, float]] = []
     for metric, label, unit, form in (
         ("records_per_second", "bronze throughput, exec → exit", "records/s", "{:,.0f}"),
         ("steady_records_per_second", "bronze throughput, steady state", "records/s", "{:,.0f}"),
         ("cold_start_seconds", "bronze cold start (exec → first commit)", "s", "{:.1f}"),
-        ("cpu_seconds", "bronze: CPU of the driver's process tree", "s", "{:.1f}"),
+        (
+            "cpu_seconds",
+            "bronze: CPU of the driver's process tree (a cluster's executors "
+            "not included: their tasks' CPU is below)",
+            "s",
+            "{:.1f}",
+        ),
     ):
         lines.append((label, bronze_size, unit, form, b["summary"]["local"][metric],
                       b["summary"]["cluster"][metric]))  # fmt: skip
@@ -291,9 +317,12 @@ TASK_FIGURES = (
     ("deserialize_seconds", "of which deserializing the task", "s", "{:.1f}"),
     ("scheduler_delay_seconds", "of which scheduler delay", "s", "{:.1f}"),
     ("result_serialize_seconds", "of which serializing results", "s", "{:.2f}"),
+    ("getting_result_seconds", "of which sending results to the driver", "s", "{:.2f}"),
     ("cpu_seconds", "tasks' CPU", "s", "{:.1f}"),
     ("gc_seconds", "tasks' GC", "s", "{:.1f}"),
+    ("failed_tasks", "tasks that failed or were lost (left out above)", "", "{:,.0f}"),
     ("shuffle_written_mb", "shuffle written", "MB", "{:.2f}"),
+    ("shuffle_write_seconds", "writing shuffle files", "s", "{:.2f}"),
     ("shuffle_local_mb", "shuffle read from this host's disk", "MB", "{:.2f}"),
     ("shuffle_remote_mb", "shuffle read over the network", "MB", "{:.2f}"),
     ("shuffle_fetch_wait_seconds", "waiting for shuffle blocks", "s", "{:.2f}"),
@@ -302,7 +331,8 @@ TASK_FIGURES = (
 
 
 def breakdown_table(data: dict[str, Any]) -> list[str]:
-    """Where the tasks' time went: bronze's first run and silver's run, local against cluster."""
+    """Where the tasks' time went: bronze's first run and silver's run, local against cluster
+    ("—": a figure the run's version of :func:`task_times` did not collect)."""
     runs = {
         "bronze, run 1": {name: data["bronze"]["tasks"][name][0] for name in PROFILES},
         "silver": {name: data["silver"][name]["tasks"] for name in PROFILES},
@@ -310,17 +340,19 @@ def breakdown_table(data: dict[str, Any]) -> list[str]:
     heads = [f"{run} {name}" for run in runs for name in PROFILES]
     lines = [f"| summed over every task | {' | '.join(heads)} |", "|---" * (len(heads) + 1) + "|"]
     for key, label, unit, form in TASK_FIGURES:
-        cells = [f"{form.format(tasks[name].get(key, 0.0))} {unit}".strip()
+        cells = [f"{form.format(tasks[name][key])} {unit}".strip() if key in tasks[name] else "—"
                  for tasks in runs.values() for name in PROFILES]  # fmt: skip
         lines.append(f"| {label} | {' | '.join(cells)} |")
     return lines
 
 
 def _silver(result: dict[str, Any], key: str) -> float:
+    """A figure of the silver stage's batches in one profile's run (NaN if it had none)."""
     return float(result["batch_ms"].get("silver", {}).get(key, float("nan")))
 
 
 def rows(data: dict[str, Any]) -> list[Row]:
+    """The run's result rows: one per line of the comparison."""
     return side_by_side_rows("cluster", data, PROFILES, ("local mode", "cluster"), LABEL)
 
 

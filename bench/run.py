@@ -2,8 +2,8 @@
 on request (``--only``) silver's MERGE throughput and latency, reads before / after OPTIMIZE, and
 the local disk against an S3 store (``store``: the benchmark's own s3proxy on loopback; and
 ``silver_store``: silver's produce → visible latency on each), and local mode against the
-project's Spark cluster (``cluster``: bronze throughput, silver, and where the tasks' time goes,
-at the sizes of ``store`` and ``silver_store``).
+project's Spark cluster (``cluster``: bronze throughput at the ``--store-*`` sizes, silver at
+``--silver-pace``, and where the tasks' time goes).
 
 Usage (from the project root)::
 
@@ -177,7 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         nargs=2,
         default=[500.0, 60.0],
         metavar=("RATE", "SECONDS"),
-        help="silver_latency: events/s and seconds measured",
+        help="silver_latency, cluster: events/s and seconds measured",
     )
     parser.add_argument(
         "--latency-warmup",
@@ -449,8 +449,8 @@ class Bench:
     def cluster(self, bootstrap: str) -> None:
         a = self.args
         plan = ClusterPlan(
-            a.store_records, a.store_commit_records, a.store_repeats, a.store_pace[0],
-            a.store_pace[1], a.latency_warmup, a.silver_intervals[0], a.silver_store_design,
+            a.store_records, a.store_commit_records, a.store_repeats, a.silver_pace[0],
+            a.silver_pace[1], a.latency_warmup, a.silver_intervals[0], a.silver_store_design,
         )  # fmt: skip
         outcome = run_cluster(self.workdir, self.jars_dir, bootstrap, plan, command_line())
         self.record("cluster", outcome)

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.delta_writes import TableWrite
+from pipelines.held import run_batch
 from pipelines.lease import LeaseGuard
 from pipelines.progress import BatchCommit, ProgressTracker
 from pipelines.settings import Settings
@@ -135,7 +136,8 @@ class FlowPipeline:
         head.starting(mode)
 
         def write(batch: DataFrame, batch_id: int) -> None:
-            head.write_with(batch, batch_id, fused)
+            what = f"{head.query_name} batch {batch_id}"
+            run_batch(lambda: head.write_with(batch, batch_id, fused), what)
 
         head.checkpoint.mkdir()
         writer = (

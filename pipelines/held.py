@@ -16,13 +16,28 @@ own source (``merge.materializeSource``), done once per batch for all the frame'
 :func:`release` frees the blocks as soon as the batch is done with them, rather than when the
 driver's garbage collector happens to find them.
 
-The price of the cut lineage: if an executor holding blocks is lost, they cannot be recomputed;
-the batch fails and the query replays it (every write is idempotent under the batch id).
+The price of the cut lineage: if an executor holding blocks is lost (on a cluster: its JVM or
+its host dies), they cannot be recomputed, and the batch's next read of them fails. The batch's
+own input still can be (the source's offsets or the Delta versions the batch read), and every
+write is idempotent under the batch id, so :func:`run_batch` runs the batch again in place, as a
+replay after a crash would, instead of failing the query (a flow run outside Dagster has nothing
+that would restart it).
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
+from py4j.java_gateway import is_instance_of
+from pyspark import SparkContext
 from pyspark.sql import DataFrame
+
+#: Spark's error condition when a task reads a held block that is gone with its executor.
+LOST_BLOCK = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+#: Times a batch runs again after losing held blocks; more losses in a row fail the query.
+LOST_BLOCK_RETRIES = 2
+_CHAIN_LIMIT = 32  # causes followed, in Python and in the JVM (a cycle must not hang a batch)
 
 
 def hold(frame: DataFrame) -> DataFrame:
@@ -44,3 +59,54 @@ def release(frame: DataFrame | None) -> None:
     plan = frame._jdf.queryExecution().logical()
     if plan.getClass().getSimpleName() == "LogicalRDD":
         plan.rdd().unpersist(False)
+
+
+def run_batch(write: Callable[[], None], what: str, retries: int = LOST_BLOCK_RETRIES) -> None:
+    """``write()`` (one query's batch), run again up to ``retries`` times while it fails only
+    because held blocks were lost with an executor (:func:`lost_with_an_executor`); any other
+    failure, or one loss too many, is raised as it came."""
+    for attempt in range(retries + 1):
+        try:
+            write()
+            return
+        except Exception as exc:
+            if attempt == retries or not lost_with_an_executor(exc):
+                raise
+            print(
+                f"conflux: {what}: an executor holding the batch's intermediate rows was lost "
+                f"(Spark: {LOST_BLOCK}); running the batch again from its input (attempt "
+                f"{attempt + 2} of {retries + 1}): writes already made are skipped by their "
+                "transaction ids",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def lost_with_an_executor(exc: BaseException) -> bool:
+    """Whether Spark's condition :data:`LOST_BLOCK` is on ``exc`` or on anything that caused it:
+    the Python chain (``__cause__`` / ``__context__``) and each Java exception behind it (a
+    PySpark captured exception's origin, a Py4J error's Java exception) with its causes."""
+    python: BaseException | None = exc
+    for _ in range(_CHAIN_LIMIT):
+        if python is None:
+            return False
+        java = getattr(python, "_origin", None) or getattr(python, "java_exception", None)
+        if java is not None and _has_condition(java, LOST_BLOCK):
+            return True
+        python = python.__cause__ or python.__context__
+    return False
+
+
+def _has_condition(throwable: object, condition: str) -> bool:
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return False
+    current: object | None = throwable
+    for _ in range(_CHAIN_LIMIT):
+        if current is None:
+            return False
+        spark_error = is_instance_of(gateway, current, "org.apache.spark.SparkThrowable")
+        if spark_error and current.getCondition() == condition:  # type: ignore[attr-defined]
+            return True
+        current = current.getCause()  # type: ignore[attr-defined]
+    return False

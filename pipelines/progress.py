@@ -275,10 +275,13 @@ class ProgressTracker(StreamingQueryListener):
 
     def record_commit(self, commit: BatchCommit, query: str | None = None) -> None:
         """A stage wrote a batch in ``query`` (default: the stage's own query); several stages
-        may write in one query's batch."""
+        may write in one query's batch. A batch run again in place (:func:`pipelines.held.
+        run_batch`) reports its stages again; each stage's first report, what its writes really
+        did, is kept."""
         with self._lock:
-            key = (query or commit.query_name, commit.batch_id)
-            self._commits.setdefault(key, []).append(commit)
+            commits = self._commits.setdefault((query or commit.query_name, commit.batch_id), [])
+            if all(c.stage != commit.stage for c in commits):
+                commits.append(commit)
 
     def _source_lag(self, progress: Any) -> dict[str, Any]:
         """How far the query's (first) source is behind: Kafka records, or Delta versions (the

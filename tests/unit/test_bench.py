@@ -164,16 +164,24 @@ def test_quick_mode_keeps_what_the_command_line_says() -> None:
         parse_args(["--quick", "--write-benchmarks"])
 
 
-def test_task_times_sums_every_finished_tasks_metrics_from_the_event_log(tmp_path: Path) -> None:
+def test_task_times_sums_every_successful_tasks_metrics_from_the_event_log(
+    tmp_path: Path,
+) -> None:
     """The cluster benchmark's breakdown: run, deserialize and result times as logged, the
-    scheduler delay as the Spark UI computes it (the rest of launch → finish), CPU in ns, and
-    when the last executor registered after the application started."""
+    scheduler delay as the Spark UI computes it (the rest of launch → finish, never below 0),
+    CPU in ns; failed and lost tasks counted apart, not summed; when the last executor
+    registered after the application started. The keys are Spark 4.1's event-log names."""
     from bench.cluster import task_times
 
-    def task(launch: int, finish: int, run: int, remote_bytes: int) -> dict[str, object]:
+    def task(
+        launch: int, finish: int, run: int, *, getting: int = 0, reason: str = "Success"
+    ) -> dict[str, object]:
         return {
             "Event": "SparkListenerTaskEnd",
-            "Task Info": {"Launch Time": launch, "Finish Time": finish, "Getting Result Time": 0},
+            "Task End Reason": {"Reason": reason},
+            "Task Info": {
+                "Launch Time": launch, "Finish Time": finish, "Getting Result Time": getting
+            },
             "Task Metrics": {
                 "Executor Run Time": run,
                 "Executor Deserialize Time": 100,
@@ -181,33 +189,44 @@ def test_task_times_sums_every_finished_tasks_metrics_from_the_event_log(tmp_pat
                 "JVM GC Time": 5,
                 "Executor CPU Time": 200_000_000,
                 "Executor Deserialize CPU Time": 50_000_000,
-                "Shuffle Read Metrics": {"Remote Bytes Read": remote_bytes, "Fetch Wait Time": 7},
-                "Shuffle Write Metrics": {"Shuffle Bytes Written": 1_000_000},
+                "Shuffle Read Metrics": {
+                    "Remote Bytes Read": 2_000_000, "Local Bytes Read": 500_000,
+                    "Fetch Wait Time": 7,
+                },
+                "Shuffle Write Metrics": {
+                    "Shuffle Bytes Written": 1_000_000, "Shuffle Write Time": 30_000_000
+                },
             },
-        }
+        }  # fmt: skip
 
     events = [
         {"Event": "SparkListenerApplicationStart", "Timestamp": 1_000_000},
         {"Event": "SparkListenerExecutorAdded", "Timestamp": 1_002_000},
         {"Event": "SparkListenerExecutorAdded", "Timestamp": 1_009_500},
-        task(1_010_000, 1_011_000, 800, 2_000_000),
-        task(1_012_000, 1_012_500, 300, 0),
-        {"Event": "SparkListenerTaskEnd", "Task Info": {}, "Task Metrics": None},  # a failed one
-    ]
+        task(1_010_000, 1_011_000, 800, getting=1_010_950),  # 50 ms sending its result
+        task(1_012_000, 1_012_300, 250),  # run + deserialize + serialize > duration: delay 0
+        task(1_013_000, 1_013_900, 700, reason="ExceptionFailure"),  # metrics, but failed
+        {"Event": "SparkListenerTaskEnd", "Task End Reason": {"Reason": "ExecutorLostFailure"},
+         "Task Info": {}},  # lost with its executor: no metrics at all
+    ]  # fmt: skip
     (tmp_path / "app-1").write_text("\n".join(json.dumps(e) for e in events) + "\n")
 
     times = task_times(tmp_path)
 
-    assert times["tasks"] == 2
-    assert times["task_seconds"] == pytest.approx(1.5)
-    assert times["run_seconds"] == pytest.approx(1.1)
+    assert (times["tasks"], times["failed_tasks"]) == (2, 2)
+    assert times["task_seconds"] == pytest.approx(1.3)
+    assert times["run_seconds"] == pytest.approx(1.05)
     assert times["deserialize_seconds"] == pytest.approx(0.2)
-    # (1000 - 800 - 100 - 10) + (500 - 300 - 100 - 10) ms
-    assert times["scheduler_delay_seconds"] == pytest.approx(0.18)
+    assert times["result_serialize_seconds"] == pytest.approx(0.02)
+    assert times["getting_result_seconds"] == pytest.approx(0.05)
+    assert times["scheduler_delay_seconds"] == pytest.approx(0.04)  # 1000 - 800 - 100 - 10 - 50
     assert times["cpu_seconds"] == pytest.approx(0.5)
-    assert times["shuffle_remote_mb"] == pytest.approx(2.0)
+    assert times["gc_seconds"] == pytest.approx(0.01)
+    assert times["shuffle_remote_mb"] == pytest.approx(4.0)
+    assert times["shuffle_local_mb"] == pytest.approx(1.0)
     assert times["shuffle_fetch_wait_seconds"] == pytest.approx(0.014)
     assert times["shuffle_written_mb"] == pytest.approx(2.0)
+    assert times["shuffle_write_seconds"] == pytest.approx(0.06)
     assert (times["executors"], times["executors_ready_seconds"]) == (2, 9.5)
 
 
@@ -215,5 +234,8 @@ def test_task_times_refuses_a_folder_without_exactly_one_event_log(tmp_path: Pat
     from bench.cluster import task_times
     from bench.harness import BenchError
 
-    with pytest.raises(BenchError, match="expected one Spark event log, found \\[\\]"):
+    with pytest.raises(BenchError, match="expected one finished Spark event log, found \\[\\]"):
+        task_times(tmp_path)
+    (tmp_path / "app-1.inprogress").write_text("")  # the driver never stopped cleanly
+    with pytest.raises(BenchError, match=r"app-1\.inprogress"):
         task_times(tmp_path)
