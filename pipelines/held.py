@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable
 
 from py4j.java_gateway import is_instance_of
+from py4j.protocol import Py4JError
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
@@ -70,7 +71,7 @@ def run_batch(write: Callable[[], None], what: str, retries: int = LOST_BLOCK_RE
             write()
             return
         except Exception as exc:
-            if attempt == retries or not lost_with_an_executor(exc):
+            if attempt == retries or not _lost_with_an_executor_or_unknown(exc):
                 raise
             print(
                 f"conflux: {what}: an executor holding the batch's intermediate rows was lost "
@@ -80,6 +81,15 @@ def run_batch(write: Callable[[], None], what: str, retries: int = LOST_BLOCK_RE
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _lost_with_an_executor_or_unknown(exc: BaseException) -> bool:
+    """:func:`lost_with_an_executor`, False when the JVM cannot be asked (a gateway going down
+    must not replace the batch's own exception with its own)."""
+    try:
+        return lost_with_an_executor(exc)
+    except Py4JError:
+        return False
 
 
 def lost_with_an_executor(exc: BaseException) -> bool:

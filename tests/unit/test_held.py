@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from py4j.protocol import Py4JError
 from pyspark import SparkContext
 
 from pipelines import held
@@ -93,3 +94,14 @@ def test_other_failures_and_one_loss_too_many_are_raised() -> None:
     with pytest.raises(CapturedError):
         run_batch(lambda: fails(lost()), "x", retries=2)
     assert len(calls) == 3
+
+
+def test_a_jvm_that_cannot_be_asked_leaves_the_batchs_own_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*_args: object) -> bool:
+        raise Py4JError("the gateway is closing")
+
+    monkeypatch.setattr(held, "is_instance_of", broken)
+    with pytest.raises(CapturedError, match="Job aborted"):
+        run_batch(lambda: (_ for _ in ()).throw(lost()), "x")
