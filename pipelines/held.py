@@ -30,7 +30,6 @@ import sys
 from collections.abc import Callable
 
 from py4j.java_gateway import is_instance_of
-from py4j.protocol import Py4JError
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
@@ -65,14 +64,22 @@ def release(frame: DataFrame | None) -> None:
 def run_batch(write: Callable[[], None], what: str, retries: int = LOST_BLOCK_RETRIES) -> None:
     """``write()`` (one query's batch), run again up to ``retries`` times while it fails only
     because held blocks were lost with an executor (:func:`lost_with_an_executor`); any other
-    failure, or one loss too many, is raised as it came."""
+    failure, or one loss too many, is raised as it came, noting the losses before it.
+
+    Only on a cluster: in local mode the driver is the only executor and cannot lose one, so a
+    missing block there is a bug (a held frame read after :func:`release`) and fails at once."""
+    losses = 0
     for attempt in range(retries + 1):
         try:
             write()
             return
         except Exception as exc:
-            if attempt == retries or not _lost_with_an_executor_or_unknown(exc):
+            if losses:
+                exc.add_note(f"conflux: {what} had lost held rows with an executor {losses} "
+                             "time(s) before this attempt")  # fmt: skip
+            if attempt == retries or _in_local_mode() or not _lost_or_unknown(exc):
                 raise
+            losses += 1
             print(
                 f"conflux: {what}: an executor holding the batch's intermediate rows was lost "
                 f"(Spark: {LOST_BLOCK}); running the batch again from its input (attempt "
@@ -83,12 +90,18 @@ def run_batch(write: Callable[[], None], what: str, retries: int = LOST_BLOCK_RE
             )
 
 
-def _lost_with_an_executor_or_unknown(exc: BaseException) -> bool:
-    """:func:`lost_with_an_executor`, False when the JVM cannot be asked (a gateway going down
-    must not replace the batch's own exception with its own)."""
+def _in_local_mode() -> bool:
+    context = SparkContext._active_spark_context
+    return context is None or str(context.master).startswith("local")
+
+
+def _lost_or_unknown(exc: BaseException) -> bool:
+    """:func:`lost_with_an_executor`, False when the question itself fails (a gateway going
+    down, an exception of an unexpected shape): that must never replace the batch's own
+    exception with its own."""
     try:
         return lost_with_an_executor(exc)
-    except Py4JError:
+    except Exception:
         return False
 
 

@@ -276,8 +276,9 @@ class ProgressTracker(StreamingQueryListener):
     def record_commit(self, commit: BatchCommit, query: str | None = None) -> None:
         """A stage wrote a batch in ``query`` (default: the stage's own query); several stages
         may write in one query's batch. A batch run again in place (:func:`pipelines.held.
-        run_batch`) reports its stages again; each stage's first report, what its writes really
-        did, is kept."""
+        run_batch`) reports the stages that had finished again, as skipped writes; their first
+        report is kept. (A stage that failed partway reports only from its last attempt, where
+        the writes its earlier attempt committed show as skipped.)"""
         with self._lock:
             commits = self._commits.setdefault((query or commit.query_name, commit.batch_id), [])
             if all(c.stage != commit.stage for c in commits):

@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.held import hold, release
+from pipelines.held import hold, lost_with_an_executor, release
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runtime import KafkaBroker
 
@@ -87,3 +88,17 @@ class TestSparkReadsKafka:
         rows = frame.select("key", "value", "partition").collect()
         assert sorted((bytes(r.key), bytes(r.value)) for r in rows) == sorted(records)
         assert {r.partition for r in rows} == {0, 1}
+
+
+def test_a_held_frame_whose_blocks_are_gone_fails_with_the_condition_run_batch_retries(
+    spark: SparkSession,
+) -> None:
+    """What a batch sees when an executor holding its held rows died (pipelines/held.py): here
+    the blocks are removed by hand, since in local mode no executor can die. The real Spark
+    exception carries the condition where :func:`lost_with_an_executor` looks for it."""
+    frame = hold(spark.range(100).repartition(2))
+    frame._jdf.queryExecution().logical().rdd().unpersist(True)  # blocking: the blocks are gone
+    with pytest.raises(Exception) as raised:
+        frame.count()
+    assert lost_with_an_executor(raised.value), raised.value
+    assert not lost_with_an_executor(ValueError("unrelated"))

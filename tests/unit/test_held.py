@@ -37,9 +37,16 @@ class CapturedError(Exception):
         self._origin = origin
 
 
+@dataclass
+class FakeContext:
+    master: str
+
+
 @pytest.fixture(autouse=True)
 def fake_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's driver: a gateway, and a master that is not ``local[...]``."""
     monkeypatch.setattr(SparkContext, "_gateway", object())
+    monkeypatch.setattr(SparkContext, "_active_spark_context", FakeContext("spark://host:7077"))
     monkeypatch.setattr(
         held, "is_instance_of", lambda _gw, obj, _cls: getattr(obj, "condition", None) is not None
     )
@@ -91,16 +98,32 @@ def test_other_failures_and_one_loss_too_many_are_raised() -> None:
         run_batch(lambda: fails(CapturedError(FakeJavaError("DIVIDE_BY_ZERO"))), "x")
     assert len(calls) == 1
     calls.clear()
-    with pytest.raises(CapturedError):
+    with pytest.raises(CapturedError) as raised:
         run_batch(lambda: fails(lost()), "x", retries=2)
     assert len(calls) == 3
+    assert raised.value.__notes__[-1].endswith("2 time(s) before this attempt")
+
+
+def test_in_local_mode_a_missing_block_is_a_bug_and_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(SparkContext, "_active_spark_context", FakeContext("local[2]"))
+    calls: list[int] = []
+
+    def write() -> None:
+        calls.append(1)
+        raise lost()
+
+    with pytest.raises(CapturedError):
+        run_batch(write, "x")
+    assert len(calls) == 1
 
 
 def test_a_jvm_that_cannot_be_asked_leaves_the_batchs_own_exception(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def broken(*_args: object) -> bool:
-        raise Py4JError("the gateway is closing")
+        raise Py4JError("the gateway is closing")  # or anything else the question raises
 
     monkeypatch.setattr(held, "is_instance_of", broken)
     with pytest.raises(CapturedError, match="Job aborted"):
