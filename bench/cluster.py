@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import PROJECT_ROOT, BenchError, Outcome, Row, median, say
-from bench.orders import Pace, create_topic, delete_topic, produce_fast
+from bench.orders import Pace
 from bench.own_store import OwnStore, own_store, service_cli
 from bench.report import side_by_side_rows, side_by_side_table
 from bench.silver_latency import run_design
-from bench.throughput import Run, Setup, check_same_offsets, run_one, topic_of
+from bench.throughput import Setup, alternating_runs
 
 PROFILES = ("local", "cluster")
 CLUSTER_SCRIPT = PROJECT_ROOT / "platform" / "spark" / "cluster.py"
@@ -185,43 +185,26 @@ def add_task(totals: Counter[str], info: dict[str, Any], metrics: dict[str, Any]
 # --------------------------------------------------------------------------- the measures
 
 
-def order(index: int) -> tuple[str, ...]:
-    """Local first on odd repetitions, the cluster first on even ones."""
-    return PROFILES if index % 2 else PROFILES[::-1]
-
-
 def measure_bronze(ctx: Context, plan: ClusterPlan) -> dict[str, Any]:
     """Bronze throughput on each profile, ``plan.repeats`` times, the order alternating; every
     run reads the same offsets (checked) and leaves its event log."""
     base = Setup(ctx.workdir / "cluster-bronze", ctx.jars_dir, ctx.bootstrap,
                  plan.commit_records, ("conflux",), topic_tag="_cluster")  # fmt: skip
-    topic = topic_of(base, plan.records)
-    create_topic(ctx.bootstrap, topic, partitions=3)
-    runs: dict[str, list[Run]] = {name: [] for name in PROFILES}
-    tasks: dict[str, list[dict[str, float]]] = {name: [] for name in PROFILES}
-    try:
-        say(f"cluster: producing {plan.records:,} order events to {topic}")
-        produce_fast(ctx.bootstrap, topic, plan.records)
-        for index in range(1, plan.repeats + 1):
-            for profile in order(index):
-                events, spark_conf = ctx.event_log(f"bronze-{profile}-{index}")
-                setup = replace(base, workdir=base.workdir / profile, spark_conf=spark_conf,
-                                overrides=ctx.overrides(profile, f"bronze-{index}"))  # fmt: skip
-                say(f"cluster: bronze throughput on {profile}, run {index} of {plan.repeats}")
-                run = run_one(setup, "conflux", plan.records, index)
-                runs[profile].append(run)
-                tasks[profile].append(task_times(events))
-                say(f"  {run.records_per_second:,.0f} records/s exec → exit, steady "
-                    f"{run.steady_records_per_second:,.0f}, cold start "
-                    f"{run.cold_start_seconds:.1f} s; tasks {tasks[profile][-1]}")  # fmt: skip
-    finally:
-        delete_topic(ctx.bootstrap, topic)
-    check_same_offsets([*runs["local"], *runs["cluster"]])
+    event_logs: dict[str, list[Path]] = {name: [] for name in PROFILES}
+
+    def setup_of(profile: str, index: int) -> Setup:
+        events, spark_conf = ctx.event_log(f"bronze-{profile}-{index}")
+        event_logs[profile].append(events)
+        return replace(base, workdir=base.workdir / profile, spark_conf=spark_conf,
+                       overrides=ctx.overrides(profile, f"bronze-{index}"))  # fmt: skip
+
+    say("cluster: bronze throughput")
+    runs, _produced = alternating_runs(base, PROFILES, plan.records, plan.repeats, setup_of)
     metrics = ("records_per_second", "steady_records_per_second", "cold_start_seconds",
                "cpu_seconds")  # fmt: skip
     return {
         "runs": {name: [asdict(r) for r in rs] for name, rs in runs.items()},
-        "tasks": tasks,
+        "tasks": {name: [task_times(e) for e in logs] for name, logs in event_logs.items()},
         "summary": {
             name: {m: median([float(getattr(r, m)) for r in rs]) for m in metrics}
             for name, rs in runs.items()

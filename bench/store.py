@@ -32,10 +32,9 @@ from typing import Any
 from bench.harness import BenchError, Outcome, Row, median, run_plan_child, say
 from bench.latency import Plan as LatencyPlan
 from bench.latency import percentile, run_runner
-from bench.orders import create_topic, delete_topic, produce_fast
 from bench.own_store import OwnStore, own_store
 from bench.report import side_by_side_rows, side_by_side_table
-from bench.throughput import Run, Setup, check_same_offsets, run_one, topic_of
+from bench.throughput import Setup, alternating_runs
 from pipelines.lease import FlowLease, LeaseTerm, StoredLeaseStore, new_owner_id
 from pipelines.location import Location
 from pipelines.storage import WRITE_ID, split_s3
@@ -94,25 +93,13 @@ def stats(values: list[float]) -> dict[str, float]:
 def measure_throughput(ctx: Context, plan: StorePlan) -> dict[str, Any]:
     base = Setup(ctx.workdir / "store-throughput", ctx.jars_dir, ctx.bootstrap,
                  plan.commit_records, ("conflux",), topic_tag="_store")  # fmt: skip
-    topic = topic_of(base, plan.records)
-    create_topic(ctx.bootstrap, topic, partitions=3)
-    runs: dict[str, list[Run]] = {name: [] for name in STORES}
-    try:
-        say(f"store: producing {plan.records:,} order events to {topic}")
-        produced = produce_fast(ctx.bootstrap, topic, plan.records)
-        for index in range(1, plan.repeats + 1):
-            for name in order(index):
-                overrides = ctx.overrides(name, f"throughput-{index}")
-                setup = replace(base, workdir=base.workdir / name, overrides=overrides)
-                say(f"store: bronze throughput on {name}, run {index} of {plan.repeats}")
-                run = run_one(setup, "conflux", plan.records, index)
-                say(f"  {run.records_per_second:,.0f} records/s exec → exit, steady "
-                    f"{run.steady_records_per_second:,.0f}, cold start "
-                    f"{run.cold_start_seconds:.1f} s")  # fmt: skip
-                runs[name].append(run)
-    finally:
-        delete_topic(ctx.bootstrap, topic)
-    check_same_offsets([*runs["local"], *runs["store"]])
+
+    def setup_of(name: str, index: int) -> Setup:
+        overrides = ctx.overrides(name, f"throughput-{index}")
+        return replace(base, workdir=base.workdir / name, overrides=overrides)
+
+    say("store: bronze throughput")
+    runs, produced = alternating_runs(base, STORES, plan.records, plan.repeats, setup_of)
     metrics = ("records_per_second", "steady_records_per_second", "cold_start_seconds",
                "wall_seconds", "cpu_seconds")  # fmt: skip
     return {

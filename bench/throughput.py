@@ -19,7 +19,7 @@ table is then read back with delta-rs: exactly the topic's records, each (partit
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -368,3 +368,34 @@ def runs_table(runs: list[Run]) -> str:
             f"| {r.peak_rss_mb:,.0f} | {r.cpu_seconds:.1f} | {r.rows_verified:,} |"
         )
     return "\n".join(lines)
+
+
+def alternating_runs(
+    base: Setup,
+    names: tuple[str, str],
+    records: int,
+    repeats: int,
+    setup_of: Callable[[str, int], Setup],
+) -> tuple[dict[str, list[Run]], ProduceStats]:
+    """Conflux's bronze flow over one fresh topic of ``records``, ``repeats`` times on each of
+    two set-ups (``setup_of(name, index)``), the first name first on odd repetitions and last on
+    even ones, so neither always runs on a warmer machine; every run read the same offsets
+    (checked). The benchmarks that compare two places side by side (``store``, ``cluster``)."""
+    topic = topic_of(base, records)
+    create_topic(base.bootstrap, topic, partitions=3)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    try:
+        say(f"producing {records:,} order events to {topic}")
+        produced = produce_fast(base.bootstrap, topic, records)
+        for index in range(1, repeats + 1):
+            for name in names if index % 2 else names[::-1]:
+                say(f"bronze throughput on {name}, run {index} of {repeats}")
+                run = run_one(setup_of(name, index), "conflux", records, index)
+                say(f"  {run.records_per_second:,.0f} records/s exec → exit, steady "
+                    f"{run.steady_records_per_second:,.0f}, cold start "
+                    f"{run.cold_start_seconds:.1f} s")  # fmt: skip
+                runs[name].append(run)
+    finally:
+        delete_topic(base.bootstrap, topic)
+    check_same_offsets([run for name in names for run in runs[name]])
+    return runs, produced
