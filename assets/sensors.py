@@ -2,7 +2,7 @@
 
 ``conflux_dead_run_workers``: a run whose worker died must not stay STARTED and hold its flow's
 concurrency pool. Under ``dagster dev`` the code server that spawned a run worker notices a
-SIGKILL itself and fails the run within a second (tested in ``tests/e2e/test_dead_run_worker.py``);
+SIGKILL itself and fails the run within a second (tested in ``tests/e2e/test_continuous_run.py``);
 nothing does when that code server is gone too (restarted, or the worker's host lost), and the
 default run launcher cannot check run-worker health. The step that launches a flow tags the run
 with its run worker's host and pid (:data:`RUN_WORKER_TAG`) and records the run in the flow's

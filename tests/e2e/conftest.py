@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelines.settings import Settings
 from tests.support.dagster_ui import DagsterUI, dagster_dev
@@ -60,24 +59,3 @@ def dagster_ui(
     }
     with dagster_dev(env, tmp_path_factory.mktemp("dagster_home")) as ui:
         yield ui
-
-
-def write_continuous_flow(flows: Path, name: str, topic: str, max_offsets_per_trigger: int) -> Path:
-    """A continuous Kafka flow from the earliest offset, small batches; returns the spec file."""
-    spec = flows / f"{name}.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "source": {
-                    "kind": "kafka",
-                    "topics": [topic],
-                    "starting_offsets": "earliest",
-                    "max_offsets_per_trigger": max_offsets_per_trigger,
-                },
-                "target": {"table": f"bronze_{name}"},
-                "trigger": {"mode": "continuous", "interval": "1 second"},
-            }
-        )
-    )
-    return spec

@@ -281,8 +281,16 @@ def test_a_silver_flow_materializes_every_table_it_writes(
             for i in range(3)
         ]
         produce(kafka_broker.bootstrap_servers, "e2e_customers", free)
+        # Only the events table's suite: this run asserts nothing of the current table's, and
+        # each suite is Spark work of its own.
+        events_suite = [
+            c
+            for c in defs.asset_checks or []
+            if {k.asset_key for k in c.check_keys} == {keys["events"]}
+        ]
+        assert len(events_suite) == 1, defs.asset_checks
         again = materialize(
-            assets=[*(defs.assets or []), *(defs.asset_checks or []), report_on_events],
+            assets=[*(defs.assets or []), *events_suite, report_on_events],
             selection=[*keys.values(), report_on_events.key],
             resources=defs.resources,
             instance=instance,
