@@ -27,10 +27,17 @@ Spark, Delta and kill windows as on a local disk, plus Conflux's conditional-wri
 checkpoint manager, and every Delta commit and offset / commit-log file is checked to carry a
 writer id), and runs on both the local disk and the store under ``make chaos``.
 
-Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 4,000; ``make chaos``: 10,000) for the first test,
-``SILVER_KILL_KEYS`` (2,000, produced in three tranches, one before each killed run, so every
-run has fresh batches to kill in; the third feeds the catch-up, or ``make chaos``'s third kill) and ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (400: many small
-batches) for the second; ``CDC_SEED`` fixes the stream, ``KILL_SEED`` replays a kill schedule.
+Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 1,000: 4,192 records, hundreds of
+stale, duplicate, re-created and deleted-at-the-end keys in its one batch; ``make chaos``:
+10,000) for the first test. For the second: ``SILVER_KILL_KEYS`` (default 600: 2,525 records,
+produced in three tranches, one before each killed run, so every run has fresh batches to kill
+in; the third feeds the catch-up, or ``make chaos``'s third kill);
+``SILVER_MAX_OFFSETS_PER_TRIGGER`` (450, under ``make chaos`` 400: a suite tranche is two bronze
+batches of three files, one per partition); ``SILVER_MAX_FILES_PER_TRIGGER`` (1: one bronze file
+per silver batch in the killed runs, so a tranche alone holds six small silver batches, one for
+each pause a kill may spend; 0, the default under ``make chaos``: silver takes what bronze has).
+The final catch-up takes the rest in large batches. ``CDC_SEED`` fixes the stream, ``KILL_SEED``
+replays a kill schedule.
 """
 
 from __future__ import annotations
@@ -87,9 +94,16 @@ from tests.support.delta_read import delta_table, read_rows
 from tests.support.runtime import KafkaBroker
 from tests.support.tables import silver_path
 
-CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "4000"))
-KILL_KEYS = int(os.environ.get("SILVER_KILL_KEYS", "2000"))
-MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("SILVER_MAX_OFFSETS_PER_TRIGGER", "400"))
+CHAOS_KEYS = int(os.environ.get("SILVER_CHAOS_KEYS", "1000"))
+KILL_KEYS = int(os.environ.get("SILVER_KILL_KEYS", "600"))
+MAX_OFFSETS_PER_TRIGGER = int(
+    os.environ.get("SILVER_MAX_OFFSETS_PER_TRIGGER", "400" if FULL_SCHEDULE else "450")
+)
+#: Bronze files per silver batch in the killed runs (0: Delta's default). Small silver batches
+#: reach each kill sooner, and each pause that misses its window finds another batch to try.
+MAX_FILES_PER_TRIGGER = int(
+    os.environ.get("SILVER_MAX_FILES_PER_TRIGGER", "0" if FULL_SCHEDULE else "1")
+)
 CDC_SEED = int(os.environ.get("CDC_SEED", "20260101"))
 PARTITIONS = 3
 #: Pauses allowed to aim for a window before the test gives up (each pause costs one batch).
@@ -473,7 +487,7 @@ class TestSilverExactlyOnce:
         topic = f"silver_kill_customers_{lake}"
         # Each killed run gets a fresh tranche of the stream, so it has silver batches of its own
         # to kill in however far the run before it got (bronze may ingest a whole tranche before
-        # silver's first batch, and silver may then take it in one batch).
+        # silver's first batch, and silver without a file limit may then take it in one batch).
         sent = stream.kafka_records()
         tranches = [sent[i * len(sent) // 3 : (i + 1) * len(sent) // 3] for i in range(3)]
 
@@ -486,20 +500,18 @@ class TestSilverExactlyOnce:
                 create=index == 0,
             )
 
-        def kill_spec(max_offsets_per_trigger: int) -> FlowSpec:
-            return load_spec(
-                write_spec(
-                    tmp_path / "flows",
-                    silver_flow(
-                        "silver_kill",
-                        topic,
-                        {"mode": "continuous", "interval": "1 second"},
-                        max_offsets_per_trigger=max_offsets_per_trigger,
-                    ),
-                )
+        def kill_spec(max_offsets_per_trigger: int, max_files_per_trigger: int) -> FlowSpec:
+            flow = silver_flow(
+                "silver_kill",
+                topic,
+                {"mode": "continuous", "interval": "1 second"},
+                max_offsets_per_trigger=max_offsets_per_trigger,
             )
+            if max_files_per_trigger:
+                flow["silver"]["max_files_per_trigger"] = max_files_per_trigger
+            return load_spec(write_spec(tmp_path / "flows", flow))
 
-        spec = kill_spec(MAX_OFFSETS_PER_TRIGGER)
+        spec = kill_spec(MAX_OFFSETS_PER_TRIGGER, MAX_FILES_PER_TRIGGER)
         settings = replace(
             lake_settings, spark_conf={"spark.ui.enabled": "false", **lake_settings.spark_conf}
         )
@@ -533,7 +545,7 @@ class TestSilverExactlyOnce:
                     check_silver_restart(landings[-1], paths, group, out)
                     landings.append(kill_after_merge_commit(group, files, window))
             # the rest in large batches: the killed batch first, with the offsets it planned
-            finished, out = launches.catch_up_here(spark, kill_spec(len(sent)))
+            finished, out = launches.catch_up_here(spark, kill_spec(len(sent), 0))
             assert finished.code == EXIT_OK, out.tail()
             check_silver_restart(landings[-1], paths, finished, out)
         except ChaosError:

@@ -1,23 +1,26 @@
 """Silver over plain keyed JSON streams: compacted-topic semantics, partial updates, bad input, and
 spec changes refused against existing tables (real Kafka, Spark and Delta; delta-rs reads back).
 
-Two flows run side by side in one application:
+Three flows run side by side in one application (the module fixture, one ``run_flows``):
 
 * ``keyed``: the default sequence (the record's offset: a key stays in one partition, so its
   offsets are its log order, as in a compacted topic), tombstones delete their key (the key
   read from the Kafka key), ``delete_when`` marks soft deletes, ``ignore_null_updates`` completes
   partial updates, ``except_columns`` drops a column from the current table;
 * ``sequenced``: a composite key and a declared ``sequence_by`` column, records sent out of
-  sequence order across several micro-batches (bounded by ``max_offsets_per_trigger`` for bronze
-  and ``max_files_per_trigger`` for silver), so that an older version and a late update after a
-  delete arrive after the newer state: neither may win.
+  sequence order across three micro-batches (bounded by ``max_offsets_per_trigger`` for bronze
+  and ``max_files_per_trigger`` for silver), so that a late update after a stored delete, a
+  duplicate and a version older than a stored one arrive a batch after the state they lose to:
+  none may win;
+* ``refreshed``: the first run of the full-refresh test (its history tracking ``tier``), whose
+  test then changes the spec, refreshes while bronze ingests, and runs on.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from pyspark.sql import SparkSession
@@ -77,21 +80,27 @@ KEYED_REASONS = {
     b"not-a-number": "missing key column id",
 }
 
-# (region, id, seq, name, deleted) in the order sent: versions arrive out of sequence order
+#: Records per bronze batch (and so per silver batch: one bronze file each) of the sequenced flow.
+SEQUENCED_BATCH = 5
+# (region, id, seq, name, deleted) in the order sent, SEQUENCED_BATCH records a batch: versions
+# arrive out of sequence order, each late one a batch after the stored state it is older than
 SEQUENCED_ROWS = [
+    # batch 0
     ("eu", 1, 5, "v5", False),
-    ("eu", 1, 3, "v3", False),  # older than what is stored: ignored
+    ("eu", 1, 3, "v3", False),  # older than the version sent before it: never current
     ("us", 1, 2, "v2", False),
-    ("us", 1, 9, "gone", True),  # deleted at 9
-    ("us", 1, 7, "v7", False),  # late update older than the delete: must not resurrect
     ("eu", 2, 1, "v1", False),
-    ("eu", 2, 1, "v1", False),  # a duplicate
-    ("eu", 2, 4, "v4", False),
     ("us", 2, 3, "v3", False),
+    # batch 1
+    ("us", 1, 9, "gone", True),  # deletes the stored v2 at 9
+    ("eu", 2, 1, "v1", False),  # a duplicate of a stored version
+    ("eu", 2, 4, "v4", False),
     ("us", 2, 6, "gone", True),
-    ("us", 2, 8, "back", False),  # a re-create newer than the delete
-    ("eu", 2, 2, "v2 late", False),  # a batch later: splits the stored version [1, 4)
     ("eu", 3, None, "no seq", False),  # null sequence: quarantined
+    # batch 2
+    ("us", 1, 7, "v7", False),  # late update older than the stored delete: must not resurrect
+    ("us", 2, 8, "back", False),  # a re-create newer than the stored delete
+    ("eu", 2, 2, "v2 late", False),  # splits the stored version [1, 4)
 ]
 #: The history table (tracking ``name``): (name, valid_from, valid_to) per key, in order.
 SEQUENCED_HISTORY = {
@@ -142,10 +151,18 @@ def keyed_flow(topic: str) -> dict[str, Any]:
     }
 
 
-def sequenced_flow(topic: str, keys: list[str]) -> dict[str, Any]:
+def sequenced_flow(
+    topic: str, keys: list[str], max_files_per_trigger: int | None = 1
+) -> dict[str, Any]:
+    """The sequenced flow; ``max_files_per_trigger`` 1: one silver batch per bronze batch (a
+    bronze batch of one partition writes one file), None: silver takes all bronze has."""
     return {
         "name": "sequenced",
-        "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 3},
+        "source": {
+            "kind": "kafka",
+            "topics": [topic],
+            "max_offsets_per_trigger": SEQUENCED_BATCH,
+        },
         "target": {"table": "bronze_sequenced"},
         "silver": {
             "format": "json",
@@ -156,7 +173,7 @@ def sequenced_flow(topic: str, keys: list[str]) -> dict[str, Any]:
                 "name": "string",
                 "deleted": "boolean",
             },
-            "max_files_per_trigger": 1,
+            "max_files_per_trigger": max_files_per_trigger,
             "current": {
                 "table": "sequenced_current",
                 "keys": keys,
@@ -180,11 +197,21 @@ def quarantine_rows(spec: FlowSpec, settings: Settings) -> list[dict[str, Any]]:
     return read_rows(path)
 
 
+class Flows(NamedTuple):
+    """The module's flows as the fixture ran them, and the folder of their specs."""
+
+    keyed: FlowSpec
+    sequenced: FlowSpec
+    refreshed: FlowSpec  # tracking tier: the full-refresh test's spec before it changes
+    folder: Path
+
+
 @pytest.fixture(scope="module")
 def flows(
     spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path_factory: Any
-) -> tuple[FlowSpec, FlowSpec, Path]:
-    """Both flows, run to the end of their topics in one application."""
+) -> Flows:
+    """The three flows, run to the end of their topics in one application: each test asserts
+    its own flow's outcome, so one run serves them all (one start and stop of the queries)."""
     bootstrap = kafka_broker.bootstrap_servers
     folder = tmp_path_factory.mktemp("flows")
     create_topic(bootstrap, "silver_keyed", partitions=2)
@@ -201,18 +228,23 @@ def flows(
             for r, i, s, n, d in SEQUENCED_ROWS
         ],
     )
+    create_topic(bootstrap, REFRESH_TOPIC, partitions=1)
+    produce(bootstrap, REFRESH_TOPIC, refresh_records(REFRESH_PART_1))
     (folder / "keyed_transforms.py").write_text(TRANSFORMS)
     keyed = load_spec(write_spec(folder, keyed_flow("silver_keyed")))
     sequenced = load_spec(write_spec(folder, sequenced_flow("silver_sequenced", ["region", "id"])))
-    code = run_flows([keyed, sequenced], spark_settings, Reporter(), StopRequest(None), spark=spark)
+    by_tier = load_spec(write_spec(folder, refreshed_flow(REFRESH_TOPIC, ["tier"])))
+    code = run_flows(
+        [keyed, sequenced, by_tier], spark_settings, Reporter(), StopRequest(None), spark=spark
+    )
     assert code == EXIT_OK
-    return keyed, sequenced, folder
+    return Flows(keyed, sequenced, by_tier, folder)
 
 
 def test_keyed_stream_compacts_like_a_compacted_topic(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark_settings: Settings
+    flows: Flows, spark_settings: Settings
 ) -> None:
-    keyed, _, _ = flows
+    keyed = flows.keyed
     rows = current_rows(keyed, spark_settings)
     assert {r["id"]: {k: r[k] for k in ("name", "tier", "status")} for r in rows} == KEYED_EXPECTED
     assert all("note" not in r for r in rows)  # except_columns
@@ -222,7 +254,7 @@ def test_keyed_stream_compacts_like_a_compacted_topic(
 
 
 def test_table_features_from_the_spec(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+    flows: Flows, spark: SparkSession, spark_settings: Settings
 ) -> None:
     del flows  # the module fixture ran the flows
     features = {
@@ -259,9 +291,9 @@ def keyed_with_transform(folder: Path, name: str, transform: str) -> FlowSpec:
 
 
 def test_a_transform_that_drops_a_needed_column_is_refused_at_start(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+    flows: Flows, spark: SparkSession, spark_settings: Settings
 ) -> None:
-    _, _, folder = flows
+    folder = flows.folder
     lossy = keyed_with_transform(folder, "lossy", "keyed_transforms:lose_sequence")
     with pytest.raises(ConfigError) as refused:
         run_flows([lossy], spark_settings, Reporter(), StopRequest(None), spark=spark)
@@ -281,9 +313,9 @@ class _Errors(Reporter):
 
 
 def test_a_failing_transform_fails_the_flow_naming_function_flow_and_batch(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+    flows: Flows, spark: SparkSession, spark_settings: Settings
 ) -> None:
-    _, _, folder = flows
+    folder = flows.folder
     broken = keyed_with_transform(folder, "boom", "keyed_transforms:boom")
     reporter = _Errors()
     code = run_flows([broken], spark_settings, reporter, StopRequest(None), spark=spark)
@@ -297,9 +329,9 @@ def test_a_failing_transform_fails_the_flow_naming_function_flow_and_batch(
 
 
 def test_bad_keyed_records_are_quarantined_with_their_reason(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark_settings: Settings
+    flows: Flows, spark_settings: Settings
 ) -> None:
-    keyed, _, _ = flows
+    keyed = flows.keyed
     quarantined = {r["raw_key"]: r for r in quarantine_rows(keyed, spark_settings)}
     assert set(quarantined) == set(KEYED_REASONS)
     for key, reason in KEYED_REASONS.items():
@@ -310,10 +342,8 @@ def test_bad_keyed_records_are_quarantined_with_their_reason(
     assert quarantined[b"5"]["raw_value"] == b"\xff\xfe not utf-8"  # the bytes, untouched
 
 
-def test_out_of_sequence_versions_never_win(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark_settings: Settings
-) -> None:
-    _, sequenced, _ = flows
+def test_out_of_sequence_versions_never_win(flows: Flows, spark_settings: Settings) -> None:
+    sequenced = flows.sequenced
     rows = current_rows(sequenced, spark_settings)
     assert {(r["region"], r["id"]): r["name"] for r in rows} == SEQUENCED_EXPECTED
     assert {(r["region"], r["id"]): r["_sequence"] for r in rows} == {
@@ -332,7 +362,7 @@ def test_out_of_sequence_versions_never_win(
 
 
 def test_history_places_late_versions_and_fixes_their_neighbours(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark_settings: Settings
+    flows: Flows, spark_settings: Settings
 ) -> None:
     del flows
     rows = read_rows(silver_path(spark_settings, "sequenced_history"))
@@ -346,9 +376,9 @@ def test_history_places_late_versions_and_fixes_their_neighbours(
 
 
 def test_current_tables_feed_changes_downstream(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+    flows: Flows, spark: SparkSession, spark_settings: Settings
 ) -> None:
-    del flows  # the module fixture ran both flows
+    del flows  # the module fixture ran the flows
     path = str(silver_path(spark_settings, "sequenced_current"))
     changes = (
         spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
@@ -358,10 +388,13 @@ def test_current_tables_feed_changes_downstream(
 
 
 def test_changed_keys_are_refused_then_rebuilt_from_bronze(
-    flows: tuple[FlowSpec, FlowSpec, Path], spark: SparkSession, spark_settings: Settings
+    flows: Flows, spark: SparkSession, spark_settings: Settings
 ) -> None:
-    _, _, folder = flows
-    changed = load_spec(write_spec(folder, sequenced_flow("silver_sequenced", ["id"])))
+    folder = flows.folder
+    # the rebuild needs no batch boundaries (the fixture's run met versions across batches): one
+    # silver batch reads every bronze file; the batch limit is a read option, not a spec change
+    # silver refuses
+    changed = load_spec(write_spec(folder, sequenced_flow("silver_sequenced", ["id"], None)))
     with pytest.raises(ConfigError) as refused:
         run_flows([changed], spark_settings, Reporter(), StopRequest(None), spark=spark)
     message = str(refused.value)
@@ -383,6 +416,11 @@ def test_changed_keys_are_refused_then_rebuilt_from_bronze(
 #: (id, seq, name, tier): sent in two parts, the second while the refresh runs.
 REFRESH_PART_1 = [(1, 1, "ann", "free"), (2, 2, "bob", "free"), (1, 3, "ann", "gold")]
 REFRESH_PART_2 = [(1, 4, "anna", "gold"), (2, 5, "bob", "gold"), (3, 6, "cy", "free")]
+REFRESH_TOPIC = "silver_refreshed"
+
+
+def refresh_records(part: list[tuple[int, int, str, str]]) -> list[Record]:
+    return [record({"id": i}, {"id": i, "seq": s, "name": n, "tier": t}) for i, s, n, t in part]
 
 
 def refreshed_flow(topic: str, tracked: list[str]) -> dict[str, Any]:
@@ -408,28 +446,21 @@ def _history(settings: Settings) -> dict[int, list[tuple[str, str, int, int | No
 
 
 def test_full_refresh_rebuilds_silver_under_a_changed_spec_while_bronze_ingests(
-    spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path
+    flows: Flows, spark: SparkSession, spark_settings: Settings, kafka_broker: KafkaBroker
 ) -> None:
-    bootstrap, topic = kafka_broker.bootstrap_servers, "silver_refreshed"
+    bootstrap, topic, folder = kafka_broker.bootstrap_servers, REFRESH_TOPIC, flows.folder
 
     def send(part: list[tuple[int, int, str, str]]) -> None:
-        produce(
-            bootstrap,
-            topic,
-            [record({"id": i}, {"id": i, "seq": s, "name": n, "tier": t}) for i, s, n, t in part],
-        )
+        produce(bootstrap, topic, refresh_records(part))
 
-    create_topic(bootstrap, topic, partitions=1)
-    send(REFRESH_PART_1)
-    by_tier = load_spec(write_spec(tmp_path, refreshed_flow(topic, ["tier"])))
-    assert run_flows([by_tier], spark_settings, Reporter(), StopRequest(None), spark=spark) == 0
+    # the first run (tracking tier, REFRESH_PART_1) was the module fixture's
     assert _history(spark_settings) == {  # a change of name alone updates in place
         1: [("ann", "free", 1, 3), ("ann", "gold", 3, None)],
         2: [("bob", "free", 2, None)],
     }
 
     send(REFRESH_PART_2)  # bronze ingests these during the refresh run
-    by_name = load_spec(write_spec(tmp_path, refreshed_flow(topic, ["name"])))
+    by_name = load_spec(write_spec(folder, refreshed_flow(topic, ["name"])))
     with pytest.raises(ConfigError, match="trackHistory changed from 'tier' to 'name'"):
         run_flows([by_name], spark_settings, Reporter(), StopRequest(None), spark=spark)
     holder = FlowLease(
