@@ -19,7 +19,10 @@ current-state table (MERGE, Z-ordered by ``name``).
    ignores the stream (0 hours, on a copy of the table and of the silver checkpoint) deletes those
    files, and a stream restarted from the copied checkpoint fails.
 
-Small on purpose (a few hundred records): the point is the interleaving, not the volume.
+Small on purpose (122 records, 13 bronze batches of at most 10): the point is the interleaving, not the
+volume. Maintenance starts with records waiting in Kafka and more arriving, so the stream commits
+while it runs; a longer backlog would only make the stream and maintenance slow each other down on
+the shared cores.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from tests.support.runtime import KafkaBroker
 
 TOPIC = "maintenance_orders"
 KEYS = 20
-FIRST, DURING, LATER = 100, 100, 60
+FIRST, DURING, LATER, LAST = 40, 40, 30, 10
 BAD = [(b"bad-1", b"\xff not utf-8"), (b"bad-2", b'{"id": 1, "name": "trunc')]
 
 
@@ -180,23 +183,39 @@ def test_maintenance_beside_a_running_flow(
 ) -> None:
     bootstrap = kafka_broker.bootstrap_servers
     create_topic(bootstrap, TOPIC, partitions=1)
-    produce(bootstrap, TOPIC, records(0, FIRST) + BAD)
+    half = FIRST // 2
+    produce(bootstrap, TOPIC, records(0, half))
     spec = load_spec(write_spec(tmp_path / "flows", flow()))
     paths = declared_paths(spec, spark_settings)
     bronze, events, current = paths["bronze"], paths["events"], paths["current"]
 
     # 1. OPTIMIZE (and VACUUM) while the continuous flow keeps committing.
     with background_flow(spec, spark_settings, spark, tmp_path) as running:
+        # Two silver batches with rows before maintenance, whatever the pace: the second half is
+        # sent once the first batch committed, so events holds two files or more to compact.
+        running.wait_until(lambda: latest_version(events) >= 1, 300, "a first silver batch")
+        produce(bootstrap, TOPIC, records(half, FIRST - half) + BAD)
         running.wait_until(
-            lambda: latest_version(bronze) >= 4 and latest_version(current) >= 1,
+            lambda: (
+                latest_version(bronze) >= 4
+                and latest_version(events) >= 2
+                and latest_version(current) >= 1
+            ),
             300,
-            "four bronze commits and a first MERGE into the current table",
+            "four bronze commits, two silver appends and a first MERGE into the current table",
         )
 
-        def trickle() -> None:  # keeps the stream committing while maintenance runs
-            for start in range(FIRST, FIRST + DURING, 10):
-                produce(bootstrap, TOPIC, records(start, 10))
+        # Records keep arriving: the first ten are in Kafka before maintenance starts (bronze has
+        # a batch to commit while it runs), twenty trickle in during it, the last ten after it,
+        # so the flow is stopped right after its batches, not idle: a query idle for 10 s reports
+        # the id of a batch that never runs, which the runner's stop waits 15 s for
+        # (pipelines.runner._run_owned).
+        produce(bootstrap, TOPIC, records(FIRST, 10))
+
+        def trickle() -> None:
+            for start in range(FIRST + 10, FIRST + DURING - 10, 10):
                 time.sleep(0.5)
+                produce(bootstrap, TOPIC, records(start, 10))
 
         producer = threading.Thread(target=trickle, daemon=True)
         producer.start()
@@ -204,6 +223,7 @@ def test_maintenance_beside_a_running_flow(
         reports = by_role(maintain_flow(spark, spec, spark_settings))
         ended_ms = time.time() * 1000
         producer.join(120)
+        produce(bootstrap, TOPIC, records(FIRST + DURING - 10, 10))
 
         total = FIRST + len(BAD) + DURING
         running.wait_until(
@@ -273,13 +293,14 @@ def test_maintenance_beside_a_running_flow(
     shutil.copytree(Path(reader.checkpoint), checkpoint_copy)
     assert_unsafe_vacuum_breaks_the_stream(spark, copy, checkpoint_copy, needed)
 
-    assert run_once(spark, spark_settings, spec) == EXIT_OK  # silver catches up
-    total = FIRST + len(BAD) + DURING + LATER
-    assert bronze_offsets(bronze) == list(range(total))
-    assert event_offsets(events) == parsed_offsets(FIRST + DURING + LATER)
-    assert {r["id"]: r["name"] for r in rows(current, "id")} == expected_current(
-        FIRST + DURING + LATER
-    )
+    # Silver catches up, with a few new records for bronze: a query that runs no batch at all
+    # reports the id of one that never runs, which the runner waits 15 s for at its end.
+    produce(bootstrap, TOPIC, records(FIRST + DURING + LATER, LAST))
+    assert run_once(spark, spark_settings, spec) == EXIT_OK
+    valid = FIRST + DURING + LATER + LAST
+    assert bronze_offsets(bronze) == list(range(valid + len(BAD)))
+    assert event_offsets(events) == parsed_offsets(valid)
+    assert {r["id"]: r["name"] for r in rows(current, "id")} == expected_current(valid)
 
 
 def run_once(spark: SparkSession, settings: Settings, spec: FlowSpec) -> int:
