@@ -167,8 +167,10 @@ def newest_verdict(ui: DagsterUI, flow: str, **wanted: Any) -> dict[str, Any] | 
 
 def sensor_states(ui: DagsterUI, flow: str, since: float) -> list[str]:
     """``flow``'s state in each ``conflux_stream_health`` evaluation that began at ``since``
-    (epoch seconds) or later, as the sensor's tick history in the UI shows it (its skip reason
-    lists ``<flow>: <state>`` for each running flow); newest first."""
+    (epoch seconds) or later and has finished, as the sensor's tick history in the UI shows it
+    (its skip reason lists ``<flow>: <state>`` for each running flow); newest first. A tick still
+    in progress (``STARTED``) has no skip reason yet: read as "absent", it failed a run of the
+    suite whose poll landed during an evaluation, so it is left out until it finishes."""
     selector = {
         "repositoryLocationName": "conflux",
         "repositoryName": "__repository__",
@@ -178,7 +180,7 @@ def sensor_states(ui: DagsterUI, flow: str, since: float) -> list[str]:
     assert found["__typename"] == "Sensor", found
     states = []
     for tick in found["sensorState"]["ticks"]:
-        if tick["timestamp"] >= since:
+        if tick["timestamp"] >= since and tick["status"] != "STARTED":
             verdicts = dict(
                 part.split(": ", 1)
                 for part in (tick["skipReason"] or "").split("; ")
