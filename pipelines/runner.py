@@ -22,9 +22,7 @@ launchers do: :mod:`pipelines.launcher`, used by Dagster and ``conflux run``) or
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,7 +30,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from types import FrameType
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -63,77 +60,11 @@ from pipelines.settings import Settings, load_settings
 from pipelines.silver.refresh import resume_swap
 from pipelines.spark import get_spark_session
 from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
+from pipelines.stopping import StopRequest, last_batch_id, stop_after_inflight_batch
 from pipelines.stops import failure_stop, query_exception, stop_reason
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
 POLL_SECONDS = 0.5
-
-
-#: How often a stop file on an object store is looked for (a request each time; local ones are
-#: looked for at every check).
-REMOTE_STOP_POLL_SECONDS = 2.0
-
-
-class StopRequest:
-    """Set by SIGTERM / SIGINT, by :meth:`request`, or by one of the stop files appearing."""
-
-    def __init__(self, stop_file: Location | None, *more_stop_files: Location) -> None:
-        self._event = threading.Event()
-        self._stop_files = [f for f in (stop_file, *more_stop_files) if f is not None]
-        self._remote_checked_at = 0.0
-        self.reason = ""
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self.request(signal.Signals(signum).name)
-
-    def watch(self, stop_file: Location) -> None:
-        self._stop_files.append(stop_file)
-
-    def request(self, reason: str) -> None:
-        self.reason = self.reason or reason
-        self._event.set()
-
-    @property
-    def requested(self) -> bool:
-        if not self._event.is_set():
-            now = time.monotonic()
-            remote_due = now - self._remote_checked_at >= REMOTE_STOP_POLL_SECONDS
-            if remote_due:
-                self._remote_checked_at = now
-            for stop_file in self._stop_files:
-                if (stop_file.is_local or remote_due) and self._appeared(stop_file):
-                    self.request(f"stop file {stop_file}")
-                    break
-        return self._event.is_set()
-
-    @staticmethod
-    def _appeared(stop_file: Location) -> bool:
-        try:
-            return stop_file.exists()
-        except OSError:  # the store failed one request: look again next time
-            return False
-
-
-def last_batch_id(query: StreamingQuery) -> int:
-    progress = query.lastProgress
-    return -1 if progress is None else int(progress["batchId"])
-
-
-def stop_after_inflight_batch(query: StreamingQuery, timeout: float = 120.0) -> None:
-    """Stop ``query`` once the micro-batch running now has committed.
-
-    A batch the query starts after that is interrupted, uncommitted, and replayed on restart.
-    """
-    if query.isActive and query.status.get("isTriggerActive"):
-        inflight = last_batch_id(query) + 1
-        deadline = time.monotonic() + timeout
-        while query.isActive and last_batch_id(query) < inflight and time.monotonic() < deadline:
-            time.sleep(0.1)
-    query.stop()
 
 
 def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
@@ -506,8 +437,7 @@ def _run_owned(
             reporter.started(started)
         ending = supervise(queries, stop, reporter, list(guards.values()), phases, tracker.failures)
         for name, query in queries.items():
-            if query.lastProgress is not None:
-                tracker.wait_for_batch(name, int(query.lastProgress["batchId"]))
+            tracker.wait_for_batch(name, last_batch_id(query))  # its commit's report is async
         wait_for_background_work()  # before finish() swaps tables they may still read
         if ending.code == EXIT_OK and not stop.requested:
             for pipeline in pipelines:

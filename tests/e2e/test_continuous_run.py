@@ -31,9 +31,9 @@ more while run 3 restarts.
    waits in its first trigger and posts nothing: unhealthy once its heartbeat is older than
    ``stale_after``, with the run still STARTED. The restarted ``e2e_live``, idle for longer than
    ``stale_after``, is judged healthy with lag 0 by a sensor evaluation made after that: only its
-   idle heartbeats keep it healthy. Run 3 is then terminated with records trickling in (stopping
-   an idle query waits for a batch that never comes: see :func:`trickle`), and the table holds
-   every record sent before the stop exactly once.
+   idle heartbeats keep it healthy. Run 3 is then terminated with records trickling in (the stop
+   that can lose a batch: one is in flight), and the table holds every record sent before the
+   stop exactly once.
 """
 
 from __future__ import annotations
@@ -213,10 +213,8 @@ def trickle(bootstrap: str, topic: str, start: int) -> Iterator[list[tuple[bytes
     """Send one record every 0.2 s to partition 0 of ``topic`` (from a thread) while the block
     runs; yields the records delivered so far, in order (the table holds a prefix of them).
 
-    A stop that finds a query idle waits for a batch that never comes: the runner takes an idle
-    query's progress event, which carries the id of the batch it has not started, for the
-    batch in flight (16-27 s, or 120 s when the stop meets an idle trigger, measured). A query
-    that has data in every trigger stops after its in-flight batch, in seconds.
+    A query with data in every trigger is the one a stop can cut mid-batch: the runner must let
+    the batch in flight commit (:func:`pipelines.stopping.stop_after_inflight_batch`).
     """
     sent: list[tuple[bytes, bytes]] = []
     errors: list[BaseException] = []

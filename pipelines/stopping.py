@@ -1,0 +1,111 @@
+"""How a run is asked to stop, and how a query stops without losing its in-flight batch.
+
+A stop request comes from a signal (SIGTERM / SIGINT), from :meth:`StopRequest.request`, or from a
+stop file appearing: the ``--stop-file`` of a launcher, or a flow's stop channel
+(:meth:`pipelines.catalog.state.FlowState.stop_file`), which also reaches a driver on a cluster
+where signals do not. The runner then stops each query once its in-flight micro-batch committed.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+
+from pyspark.sql.streaming import StreamingQuery
+
+from pipelines.location import Location
+
+#: How often a stop file on an object store is looked for (a request each time; local ones are
+#: looked for at every check).
+REMOTE_STOP_POLL_SECONDS = 2.0
+
+
+class StopRequest:
+    """Set by SIGTERM / SIGINT, by :meth:`request`, or by one of the stop files appearing."""
+
+    def __init__(self, stop_file: Location | None, *more_stop_files: Location) -> None:
+        self._event = threading.Event()
+        self._stop_files = [f for f in (stop_file, *more_stop_files) if f is not None]
+        self._remote_checked_at = 0.0
+        self.reason = ""
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.request(signal.Signals(signum).name)
+
+    def watch(self, stop_file: Location) -> None:
+        self._stop_files.append(stop_file)
+
+    def request(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        if not self._event.is_set():
+            now = time.monotonic()
+            remote_due = now - self._remote_checked_at >= REMOTE_STOP_POLL_SECONDS
+            if remote_due:
+                self._remote_checked_at = now
+            for stop_file in self._stop_files:
+                if (stop_file.is_local or remote_due) and self._appeared(stop_file):
+                    self.request(f"stop file {stop_file}")
+                    break
+        return self._event.is_set()
+
+    @staticmethod
+    def _appeared(stop_file: Location) -> bool:
+        try:
+            return stop_file.exists()
+        except OSError:  # the store failed one request: look again next time
+            return False
+
+
+def last_batch_id(query: StreamingQuery) -> int:
+    """The id of the last micro-batch ``query`` ran, -1 before its first.
+
+    Not ``lastProgress["batchId"]`` as such: once a query has been idle for
+    ``spark.sql.streaming.noDataProgressEventInterval`` (10 s), Spark records a progress for the
+    trigger that found no data under the id of the *next* batch, with no ``addBatch`` among its
+    durations, and tells listeners ``onQueryIdle`` instead of ``onQueryProgress``. Waiting for that
+    batch would wait for one that never runs.
+    """
+    progress = query.lastProgress
+    if progress is None:
+        return -1
+    batch_id = int(progress["batchId"])
+    return batch_id if "addBatch" in (progress.get("durationMs") or {}) else batch_id - 1
+
+
+def batch_may_commit(query: StreamingQuery) -> bool:
+    """True while the trigger running now may still commit a micro-batch: it is active and has not
+    settled on waiting (Spark's status reads "Waiting for data to arrive" once a trigger found no
+    new data, and "Waiting for next trigger" between triggers)."""
+    status = query.status
+    return bool(status.get("isTriggerActive")) and not str(status.get("message", "")).startswith(
+        "Waiting"
+    )
+
+
+def stop_after_inflight_batch(query: StreamingQuery, timeout: float = 120.0) -> None:
+    """Stop ``query`` once the micro-batch running now has committed.
+
+    A trigger that is only looking for new data and finds none ends the wait at once: a stop never
+    waits for a batch that will not run. A batch the query starts after the wait is interrupted,
+    uncommitted, and replayed on restart.
+    """
+    inflight = last_batch_id(query) + 1
+    deadline = time.monotonic() + timeout
+    while (
+        query.isActive
+        and last_batch_id(query) < inflight
+        and batch_may_commit(query)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    query.stop()
