@@ -169,14 +169,15 @@ format: $(STAMP) ## Apply ruff's formatter and autofixes
 typecheck: $(STAMP) ## Run mypy on the packages
 	$(VENV)/bin/mypy pipelines assets quality
 
-chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store) and gold, every kill of each schedule (KILL_SEED=N replays one)
+chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one)
 	CHAOS_FULL_SCHEDULE=1 CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} SILVER_KILL_KEYS=$${SILVER_KILL_KEYS:-10000} \
-		SILVER_CHAOS_KEYS=$${SILVER_CHAOS_KEYS:-10000} \
+		SILVER_CHAOS_KEYS=$${SILVER_CHAOS_KEYS:-10000} CLUSTER_FAULT_KEYS=$${CLUSTER_FAULT_KEYS:-2000} \
 		GOLD_CHAOS_RECORDS=$${GOLD_CHAOS_RECORDS:-100000} $(VENV)/bin/pytest -s $(PYTEST_ARGS) \
 		tests/integration/test_bronze_exactly_once.py \
 		tests/integration/test_silver.py::TestSilverExactlyOnce \
 		tests/integration/test_silver.py::TestSilverCurrentState \
-		tests/integration/test_gold.py::test_gold_is_exact_after_kills_during_stateful_batches
+		tests/integration/test_gold.py::test_gold_is_exact_after_kills_during_stateful_batches \
+		tests/e2e/test_cluster.py::test_executor_worker_and_driver_killed_mid_batch_lose_nothing
 
 bench: setup ## Full benchmark run (~40 min): regenerates BENCHMARKS.md and bench/results/
 	$(PY) bench/run.py --write-benchmarks

@@ -48,7 +48,7 @@ TESTS = Path(__file__).resolve().parent
 #: the last to finish is a short one, not a five-minute module run alone on one core.
 MODULE_SECONDS = {
     "e2e/test_ui_surface.py": 330,
-    "e2e/test_cluster.py": 360,
+    "e2e/test_cluster.py": 480,
     "integration/test_gold.py": 280,
     "integration/test_silver.py": 230,
     "e2e/test_flow_runs.py": 220,

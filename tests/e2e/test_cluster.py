@@ -8,36 +8,46 @@ process of its own: a Spark driver in this test process would pin the worker's s
 cluster). Data are small: what is proven is where the work runs and that it is exact there.
 Needs root (the workers' mount namespaces, PostgreSQL run as its own user), as CI has.
 
-1. :func:`test_flows_from_dagster_run_on_the_cluster_and_equal_the_model`: a CDC flow (current
-   state + history) and a gold flow with late rows, launched by ``ingest_incremental`` and a
-   second run; every table, read with delta-rs from the store, equals the plain-Python model; the
-   late rows land in the late table and a partitioned backfill of their day reconciles gold; in
-   every application an executor on each worker ran tasks; the runs and the backfill's partition
-   are recorded in PostgreSQL.
+1. :func:`test_flows_from_dagster_run_on_the_cluster_and_equal_the_model`: a gold flow with late
+   rows, launched by ``ingest_incremental`` and a second run; read with delta-rs from the store,
+   gold equals the model and the late row is in the late table; in every application an executor
+   on each worker ran tasks; then the spec's backfill schedule, ticked by ``dagster-daemon`` on
+   PostgreSQL, launches a run over the closed day that reconciles it (tick and run recorded
+   there).
 2. :func:`test_a_flow_with_a_local_table_is_refused_before_spark_starts`: by the launcher, before
    its lease is taken or an application registers with the master.
 3. :func:`test_workers_cannot_see_the_drivers_runtime_folder`.
+4. :func:`test_executor_worker_and_driver_killed_mid_batch_lose_nothing`: a continuous CDC flow
+   under Dagster loses an executor, a Worker daemon and its driver, each by SIGKILL in a silver
+   batch caught mid-way, and carries on by itself; every table equals the model. Last: it leaves
+   one worker dead (``CLUSTER_FAULT_KEYS`` sizes it; ``make chaos`` runs it larger).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType, TickStatus
 
+from pipelines.catalog.state import FlowState
+from pipelines.location import Location
 from pipelines.settings import PROJECT_ROOT, Settings, load_settings
 from pipelines.spec import load_spec
 from tests.conftest import DEFAULT_JAVA_OPTIONS, TEST_DRIVER_JVM_OPTIONS
@@ -48,11 +58,18 @@ from tests.integration.test_silver import (
     SilverPaths,
     check_current_state,
     check_events,
-    check_history,
-    check_quarantine,
+    check_silver_tables,
     silver_flow,
 )
 from tests.support.cdc import produce_cdc
+from tests.support.chaos import MID_BATCH, Aim, ApplicationGroup, kill_mid_batch
+from tests.support.dagster_ui import (
+    command_line,
+    latest_term,
+    parent_pid,
+    processes_matching,
+    wait_for,
+)
 from tests.support.delta_read import read_rows
 from tests.support.gold import expected_gold, read_gold
 from tests.support.kafka import create_topic
@@ -63,7 +80,8 @@ pytestmark = pytest.mark.timeout(1800)
 BIN = Path(sys.executable).parent
 CLUSTER_SCRIPT = PROJECT_ROOT / "platform" / "spark" / "cluster.py"
 POSTGRES_SCRIPT = PROJECT_ROOT / "platform" / "postgres" / "server.py"
-CDC_KEYS = 30
+#: Keys of the fault test's CDC stream (``make chaos``: more).
+FAULT_KEYS = int(os.environ.get("CLUSTER_FAULT_KEYS", "60"))
 DAY = date(2026, 11, 20)
 
 
@@ -193,16 +211,10 @@ def master_applications(cluster: Cluster) -> list[str]:
 
 
 def test_flows_from_dagster_run_on_the_cluster_and_equal_the_model(
-    cluster_env: dict[str, str], spark_cluster: Cluster, kafka_broker: KafkaBroker
+    cluster_env: dict[str, str], spark_cluster: Cluster, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     flows = Path(cluster_env["CONFLUX_FLOWS_DIR"])
-    bootstrap = kafka_broker.bootstrap_servers
-    stream = CdcStream.make(CDC_KEYS, seed=24)
-    produce_cdc(bootstrap, "cl_customers", stream.kafka_records(), partitions=2)
-    cdc = load_spec(
-        write_spec(flows, silver_flow("cl_cdc", "cl_customers", {"mode": "available_now"}))
-    )
-    create_topic(bootstrap, "cl_orders", partitions=1)
+    create_topic(kafka_broker.bootstrap_servers, "cl_orders", partitions=1)
     write_spec(flows, gold_flow("cl_orders"))
     first = [order(1, 1, "a", 10.0), order(2, 3, "b", 20.0), order(3, 12, "a", 5.5)]
     first += [order(4, 25, "b", 7.0), order(5, 31, "a", 4.0)]  # newest 10:31: watermark 10:26
@@ -214,30 +226,29 @@ def test_flows_from_dagster_run_on_the_cluster_and_equal_the_model(
     send(kafka_broker, "cl_orders", 0, second)
     ran += dagster(cluster_env, "job", "execute", "-j", "run_cl_shop")
     reported = applications(ran)
-    assert len(reported) == 3, ran[-3000:]  # the CDC flow's, the gold flow's twice
+    assert len(reported) == 2, ran[-3000:]  # the gold flow's, twice
     work = spark_cluster.runtime / "spark-cluster" / "work"
     for app, tasks in reported.items():  # each application's two executors, one per worker, ran
         assert len(tasks) == 2 and min(tasks) > 0, (app, tasks)
         assert (work / "worker-1" / app).is_dir() and (work / "worker-2" / app).is_dir(), app
 
     settings = settings_of(cluster_env)
-    paths = SilverPaths.of(cdc, settings)
-    assert paths.current.uri.startswith("s3a://conflux/lake/")
-    check_current_state(paths, stream)
-    check_history(paths, stream)
-    check_events(paths, stream)
-    check_quarantine(paths, stream)
-
     late = read_rows(gold_path(settings, "cl_revenue_late"), ["_source_offset"])
     assert sorted(r["_source_offset"] for r in late) == [5]  # order 6, offset 5
     revenue = gold_path(settings, "cl_revenue")
+    assert revenue.uri.startswith("s3a://conflux/lake/")
     on_time = [*first, *second[1:]]
     assert read_gold(revenue, ["product"]) == expected_gold(on_time, TEN, None, ["product"])
 
-    dagster(
-        cluster_env, "asset", "materialize", "--select", "backfill/cl_revenue",
-        "--partition", DAY.isoformat(),
-    )  # fmt: skip
+    # The late day is reconciled without a person: the spec's backfill schedule, ticked by the
+    # daemon on PostgreSQL, launches a run over the last closed date (the 20th).
+    scheduled = gold_flow("cl_orders")
+    scheduled["gold"][0]["backfill"] = {"schedule": "* * * * *", "dates": 1}
+    write_spec(flows, scheduled)
+    tick, run = scheduled_backfill(cluster_env, tmp_path / "daemon.log")
+    assert run.tags["dagster/asset_partition_range_start"] == DAY.isoformat(), run.tags
+    assert run.tags["dagster/asset_partition_range_end"] == DAY.isoformat(), run.tags
+    assert run.run_id in tick.run_ids
     day = [o for o in [*first, *second] if o["ts"].date() == DAY]
     where = f"_event_date = '{DAY.isoformat()}'"
     assert read_gold(revenue, ["product"], where) == expected_gold(day, TEN, None, ["product"])
@@ -246,11 +257,49 @@ def test_flows_from_dagster_run_on_the_cluster_and_equal_the_model(
         patch.setenv("PGPASSFILE", cluster_env["PGPASSFILE"])  # the password: never in the URL
         instance = DagsterInstance.from_config(cluster_env["DAGSTER_HOME"])
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
         runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS]))
         assert {r.job_name for r in runs} >= {"ingest_incremental", "run_cl_shop"}
-        backfills = [r for r in runs if r.tags.get("dagster/partition") == DAY.isoformat()]
-        assert backfills, [dict(r.tags) for r in runs]
         instance.dispose()
+
+
+BACKFILL_SCHEDULE = "backfill_cl_revenue_schedule"
+
+
+def scheduled_backfill(env: dict[str, str], log: Path) -> tuple[Any, Any]:
+    """Run ``dagster-daemon`` until the backfill schedule's first tick has launched a run and
+    that run succeeded; the schedule is stopped (in storage, as ``dagster schedule stop`` does)
+    as soon as its run exists, so no second tick launches another. Returns (tick, run)."""
+    output = log.open("w")
+    daemon = subprocess.Popen(
+        [str(BIN / "dagster-daemon"), "run", "-m", "assets.definitions", "-a", "defs"],
+        env=env, cwd=PROJECT_ROOT, stdout=output, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PGPASSFILE", env["PGPASSFILE"])
+            instance = DagsterInstance.from_config(env["DAGSTER_HOME"])
+            tagged = RunsFilter(tags={"dagster/schedule_name": BACKFILL_SCHEDULE})
+            [launched] = wait_for(lambda: instance.get_runs(tagged), 300, "a tick's run", every=2)
+            [state] = [
+                s
+                for s in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)
+                if s.name == BACKFILL_SCHEDULE
+            ]
+            instance.update_instigator_state(state.with_status(InstigatorStatus.STOPPED))
+            finished = wait_for(
+                lambda: (r := instance.get_run_by_id(launched.run_id)) and r.is_finished and r,
+                600, "the scheduled backfill run", every=2,
+            )  # fmt: skip
+            assert finished.status == DagsterRunStatus.SUCCESS, log.read_text()[-4000:]
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+            [tick] = [t for t in ticks if t.status == TickStatus.SUCCESS]
+            instance.dispose()
+            return tick, finished
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=120)
+        output.close()
 
 
 def test_a_flow_with_a_local_table_is_refused_before_spark_starts(
@@ -303,3 +352,188 @@ def test_workers_cannot_see_the_drivers_runtime_folder(spark_cluster: Cluster) -
         assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, wrote
         assert inside("test", "-x", sys.executable).returncode == 0  # the project is visible
     assert spark_cluster.state["isolation"] == "namespace"
+
+
+# --- faults on the cluster (the module's last test: it leaves one worker dead) ---------------
+
+
+def worker_of(executor: int, cluster: Cluster) -> int:
+    """The worker daemon (pid) an executor JVM runs under: its parent."""
+    worker = parent_pid(executor)
+    assert worker in cluster.state["worker_pids"], (executor, worker)
+    return worker
+
+
+def executors(cluster: Cluster) -> dict[int, str]:
+    """The executor JVMs the workers run now: pid -> ``app-…/<executor id>``."""
+    found = {}
+    for pid in processes_matching("CoarseGrainedExecutorBackend"):
+        args = command_line(pid).split()
+        if "--app-id" in args and parent_pid(pid) in cluster.state["worker_pids"]:
+            found[pid] = (
+                f"{args[args.index('--app-id') + 1]}/{args[args.index('--executor-id') + 1]}"
+            )
+    return found
+
+
+def application_group(
+    lease_dir: Location, not_owner: str | None = None
+) -> tuple[str, ApplicationGroup]:
+    """The lease owner and process group of the flow's running application (a launcher of a
+    Dagster run started it: its spark-submit JVM leads the group, the Python driver below it)."""
+
+    def found() -> tuple[str, ApplicationGroup] | None:
+        term = latest_term(lease_dir)
+        if term is None or term.released or term.owner == not_owner:
+            return None
+        jvms = [p for p in processes_matching(term.owner) if "SparkSubmit" in command_line(p)]
+        return (term.owner, ApplicationGroup(os.getpgid(jvms[0]))) if jvms else None
+
+    return wait_for(found, 300, "the flow's application")
+
+
+def gone(pid: int) -> bool:
+    """``pid`` exited (a zombie no one reaped yet counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def dead_workers(cluster: Cluster) -> list[str]:
+    with urllib.request.urlopen(f"{cluster.state['master_ui']}/json/", timeout=5) as reply:
+        view = json.loads(reply.read())
+    return [w["id"] for w in view["workers"] if w["state"] != "ALIVE"]
+
+
+def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
+    cluster_env: dict[str, str], spark_cluster: Cluster, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A CDC flow (current state and history) runs continuously on the cluster under Dagster;
+    in three silver batches, each caught mid-batch with the driver frozen (SIGSTOP) so where the
+    fault lands is read, not guessed, one thing dies by SIGKILL: an executor, a Worker daemon
+    (with it its executor), then the driver. Spark replaces the executor (on the surviving
+    worker after the worker's death), the flow asset's retry policy starts a new application
+    after the driver's death; nobody intervenes. Every table then equals the plain-Python model, each batch's
+    MERGE is committed once, and the retry is recorded in Dagster's event log on PostgreSQL."""
+    flows = Path(cluster_env["CONFLUX_FLOWS_DIR"])
+    bootstrap = kafka_broker.bootstrap_servers
+    stream = CdcStream.make(FAULT_KEYS, seed=26)
+    sent = stream.kafka_records()
+    trigger = {"mode": "continuous", "interval": "1 second", "restart_delay": "2 seconds"}
+    # Bronze in three batches (a file per partition each), silver a file per batch: six silver
+    # batches, three of them to strike in. The application the retry policy starts reads the
+    # spec again: it catches up in one batch after the replay (see strike 3).
+    per_trigger = len(sent) // 3 + 1
+    flow = silver_flow("cl_faults", "cl_faults", trigger, max_offsets_per_trigger=per_trigger)
+    flow["silver"]["max_files_per_trigger"] = 1
+    spec = load_spec(write_spec(flows, flow))
+    settings = settings_of(cluster_env)
+    paths = SilverPaths.of(spec, settings)
+    files, lease_dir = paths.history_files(), FlowState.of(spec, settings).lease_dir
+    produce_cdc(bootstrap, "cl_faults", sent, partitions=2)
+    log = (tmp_path / "run.log").open("w")
+    run = subprocess.Popen(
+        [str(BIN / "dagster"), "job", "execute", "-j", "run_cl_faults",
+         "-m", "assets.definitions", "-a", "defs"],
+        env=cluster_env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    rng, aim = random.Random(26), Aim(MID_BATCH)
+    started, phases = time.monotonic(), {}
+
+    def mid_batch(group: ApplicationGroup, strike: Callable[[], None] | None = None) -> int:
+        delay = lambda: rng.uniform(0.3, 1.5)  # noqa: E731  (a batch here lasts seconds)
+        landing = kill_mid_batch(group, files, aim, delay, strike=strike, poll=0.1)
+        return landing.batch_id
+
+    try:
+        owner, driver = application_group(lease_dir)
+        phases["application"] = time.monotonic() - started
+        # 1. An executor dies mid-batch: Spark runs its tasks again and starts a new executor.
+        killed: dict[str, str] = {}
+
+        def kill_an_executor() -> None:
+            pid, executor = sorted(executors(spark_cluster).items())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed["executor"] = executor
+
+        struck = [mid_batch(driver, kill_an_executor)]
+        phases["executor killed"] = time.monotonic() - started
+        app = killed["executor"].rpartition("/")[0]
+        wait_for(
+            lambda: any(e.startswith(app) and e != killed["executor"]
+                        for e in executors(spark_cluster).values())
+            and len(executors(spark_cluster)) == 2,
+            120, "a new executor in place of the killed one",
+        )  # fmt: skip
+        # 2. A Worker daemon dies mid-batch: its executor goes with it; one worker carries on.
+
+        def kill_a_worker() -> None:
+            pid, _executor = sorted(executors(spark_cluster).items())[-1]
+            killed["worker"], killed["its executor"] = str(worker_of(pid, spark_cluster)), str(pid)
+            os.kill(int(killed["worker"]), signal.SIGKILL)
+
+        struck.append(mid_batch(driver, kill_a_worker))
+        phases["worker killed"] = time.monotonic() - started
+        wait_for(lambda: len(dead_workers(spark_cluster)) == 1, 120, "the master to drop it")
+        wait_for(lambda: gone(int(killed["its executor"])), 120, "its executor to exit")
+        survivor = {p for p in spark_cluster.state["worker_pids"] if str(p) != killed["worker"]}
+        wait_for(  # the survivor has a core to spare: Spark starts a second executor there
+            lambda: len(now := executors(spark_cluster)) == 2
+            and {parent_pid(p) for p in now} == survivor,
+            120, "a new executor on the surviving worker",
+        )  # fmt: skip
+
+        # 3. The driver dies mid-batch: the flow asset's retry policy launches it again.
+        def kill_the_driver() -> None:
+            del flow["silver"]["max_files_per_trigger"]  # read by the next launch only
+            write_spec(flows, flow)
+            driver.kill()
+
+        struck.append(mid_batch(driver, kill_the_driver))
+        phases["driver killed"] = time.monotonic() - started
+        restarted, _group = application_group(lease_dir, not_owner=owner)
+        phases["restarted"] = time.monotonic() - started
+        wait_for(lambda: caught_up(paths, stream), 600, "the restarted flow to catch up", every=3)
+        phases["caught up"] = time.monotonic() - started
+        assert run.poll() is None, "the Dagster run ended after the driver's death"
+        stop = subprocess.run(
+            [str(BIN / "conflux"), "stop", "cl_faults"],
+            env=cluster_env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert run.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-4000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        log.close()
+    phases["stopped"] = time.monotonic() - started
+    print(f"seconds since launch: { {k: round(v) for k, v in phases.items()} }")
+    print(f"struck mid-batch: silver batches {struck} ({aim.rate()}, misses {aim.misses}); "
+          f"killed executor {killed['executor']}, worker pid {killed['worker']}")  # fmt: skip
+    assert len(set(struck)) == 3, struck
+
+    check_silver_tables(paths, stream)
+    events_txns = paths.events_files().txn_commits()
+    assert not {k: v for k, v in events_txns.items() if len(v) != 1}, events_txns
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PGPASSFILE", cluster_env["PGPASSFILE"])
+        instance = DagsterInstance.from_config(cluster_env["DAGSTER_HOME"])
+        [record] = instance.get_runs(RunsFilter(job_name="run_cl_faults"))
+        assert record.status == DagsterRunStatus.SUCCESS
+        kinds = {e.dagster_event.event_type for e in instance.all_logs(record.run_id)
+                 if e.dagster_event is not None}  # fmt: skip
+        assert {DagsterEventType.STEP_UP_FOR_RETRY, DagsterEventType.STEP_RESTARTED} <= kinds
+        instance.dispose()
+    assert latest_term(lease_dir) is not None and restarted != owner
+
+
+def caught_up(paths: SilverPaths, stream: CdcStream) -> bool:
+    """Every delivered change is in the events table and the current table equals the model."""
+    try:
+        check_events(paths, stream)
+        check_current_state(paths, stream)
+    except (AssertionError, OSError):
+        return False
+    return True

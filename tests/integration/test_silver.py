@@ -335,6 +335,16 @@ def check_single_merge_per_txn(
     return txn_commits
 
 
+def check_silver_tables(paths: SilverPaths, stream: CdcStream) -> None:
+    """Every silver table equals the model, each batch's MERGEs committed once."""
+    check_current_state(paths, stream)
+    check_history(paths, stream)
+    check_events(paths, stream)
+    check_quarantine(paths, stream)
+    check_single_merge_per_txn(paths)
+    check_single_merge_per_txn(paths, history=True)
+
+
 # --- killing a MERGE batch --------------------------------------------------------------------
 
 
@@ -463,12 +473,7 @@ class TestSilverCurrentState:
         assert bronze.to_pyarrow_table(columns=["offset"]).num_rows == len(sent)
         paths = SilverPaths.of(spec, spark_settings)
         # One available_now run carries silver to the end of what bronze ingested in that run.
-        check_current_state(paths, stream)
-        check_history(paths, stream)
-        check_events(paths, stream)
-        check_quarantine(paths, stream)
-        check_single_merge_per_txn(paths)
-        check_single_merge_per_txn(paths, history=True)
+        check_silver_tables(paths, stream)
 
 
 class TestSilverExactlyOnce:

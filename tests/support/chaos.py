@@ -215,14 +215,38 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+class _GroupSignals:
+    """Pause, resume and kill every member of the process group ``pgid`` at once."""
+
+    pgid: int
+
+    def pause(self) -> None:
+        os.killpg(self.pgid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGCONT)
+
+    def _kill_members(self, timeout: float, reap: Callable[[], object] = lambda: None) -> None:
+        """SIGKILL every member (a crash: no handler, no cleanup); wait until all are gone."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGKILL)
+        reap()
+        deadline = time.monotonic() + timeout
+        while members := _group_members(self.pgid):
+            if time.monotonic() > deadline:
+                raise ChaosError(f"process group {self.pgid} still has members {members}")
+            time.sleep(0.05)
+
+
 @dataclass
-class ProcessGroup:
-    """The process group an application leads: pause, resume, kill, all members at once."""
+class ProcessGroup(_GroupSignals):
+    """The process group an application this process started leads."""
 
     process: subprocess.Popen[Any]
 
     @property
-    def pgid(self) -> int:
+    def pgid(self) -> int:  # type: ignore[override]
         return self.process.pid
 
     def running(self) -> bool:
@@ -232,23 +256,29 @@ class ProcessGroup:
         """The group leader's exit code, None while it runs."""
         return self.process.poll()
 
-    def pause(self) -> None:
-        os.killpg(self.pgid, signal.SIGSTOP)
+    def kill(self, timeout: float = 60.0) -> None:
+        self._kill_members(timeout, reap=lambda: self.process.wait(timeout=timeout))
 
-    def resume(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGCONT)
+
+@dataclass(frozen=True)
+class ApplicationGroup(_GroupSignals):
+    """The process group of an application another process launched (a launcher under Dagster),
+    known by its group id alone; its launcher reaps it."""
+
+    pgid: int
+
+    def running(self) -> bool:
+        return bool(_group_members(self.pgid))
+
+    def exit_code(self) -> int | None:
+        return None  # not this process's child: its exit code is its launcher's to read
 
     def kill(self, timeout: float = 60.0) -> None:
-        """SIGKILL every member (a crash: no handler, no cleanup); wait until all are gone."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgid, signal.SIGKILL)
-        self.process.wait(timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while members := _group_members(self.pgid):
-            if time.monotonic() > deadline:
-                raise ChaosError(f"process group {self.pgid} still has members {members}")
-            time.sleep(0.05)
+        self._kill_members(timeout)
+
+
+#: What the kills can aim at: an application this process started, or one another process did.
+Group = ProcessGroup | ApplicationGroup
 
 
 @dataclass(frozen=True)
@@ -295,7 +325,7 @@ class Aim:
 
 
 @contextlib.contextmanager
-def _paused(group: ProcessGroup) -> Iterator[None]:
+def _paused(group: Group) -> Iterator[None]:
     """Freeze the group for the block; it resumes afterwards unless the block killed it."""
     group.pause()
     try:
@@ -305,13 +335,15 @@ def _paused(group: ProcessGroup) -> Iterator[None]:
             group.resume()
 
 
-def _wait_until(group: ProcessGroup, ready: Callable[[], bool], deadline: float, what: str) -> None:
+def _wait_until(
+    group: Group, ready: Callable[[], bool], deadline: float, what: str, poll: float = POLL_SECONDS
+) -> None:
     while not ready():
         if not group.running():
             raise ChaosError(f"the application exited (code {group.exit_code()}) {what}")
         if time.monotonic() > deadline:
             raise ChaosError(f"timed out {what}")
-        time.sleep(POLL_SECONDS)
+        time.sleep(poll)
 
 
 def kill_after_delta_commit(
@@ -347,13 +379,15 @@ def kill_after_delta_commit(
 
 
 def kill_mid_batch(
-    group: ProcessGroup,
+    group: Group,
     files: FlowFiles,
     aim: Aim,
     delay: Callable[[], float],
     tries: int = 8,
     timeout: float = 600.0,
     after: int | None = None,
+    strike: Callable[[], None] | None = None,
+    poll: float = POLL_SECONDS,
 ) -> Landing:
     """SIGKILL while a planned batch runs: ``offsets/B`` written, no Delta commit, no ``commits/B``.
 
@@ -362,6 +396,9 @@ def kill_mid_batch(
     very start), pauses the group and checks the state; kills if it is mid-batch, else resumes
     and tries the next batch, at most ``tries`` times. ``after`` lets a caller aim at a batch
     already planned (the first after a replay) instead of waiting for the one after it.
+    ``strike``: what to do instead of killing the group (e.g. kill one of its executors on a
+    cluster); the group, paused while it strikes, then resumes inside the batch. ``poll``: how
+    often the files are looked at (on an object store each look is a request).
     """
     planned = files.planned_batches()
     seen = after if after is not None else (planned[-1] if planned else -1)
@@ -372,13 +409,13 @@ def kill_mid_batch(
             batches = files.planned_batches()
             return bool(batches) and batches[-1] > after
 
-        _wait_until(group, new_batch, deadline, f"waiting for a batch after {seen}")
+        _wait_until(group, new_batch, deadline, f"waiting for a batch after {seen}", poll)
         time.sleep(delay())
         with _paused(group):
             aim.pauses += 1
             kind, batch = files.where()
             if kind == MID_BATCH:
-                group.kill()
+                (strike or group.kill)()
                 aim.hits += 1
                 return Landing(MID_BATCH, batch, MID_BATCH, attempt)
             aim.misses.append((kind, batch))
