@@ -439,6 +439,7 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
         env=cluster_env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     rng, aim = random.Random(26), Aim(MID_BATCH)
+    drivers: list[ApplicationGroup] = []  # killed in the end if a failure left one running
     started, phases = time.monotonic(), {}
 
     def mid_batch(group: ApplicationGroup, strike: Callable[[], None] | None = None) -> int:
@@ -448,6 +449,7 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
 
     try:
         owner, driver = application_group(lease_dir)
+        drivers.append(driver)
         phases["application"] = time.monotonic() - started
         # 1. An executor dies mid-batch: Spark runs its tasks again and starts a new executor.
         killed: dict[str, str] = {}
@@ -492,7 +494,8 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
 
         struck.append(mid_batch(driver, kill_the_driver))
         phases["driver killed"] = time.monotonic() - started
-        restarted, _group = application_group(lease_dir, not_owner=owner)
+        restarted, again = application_group(lease_dir, not_owner=owner)
+        drivers.append(again)
         phases["restarted"] = time.monotonic() - started
         wait_for(lambda: caught_up(paths, stream), 600, "the restarted flow to catch up", every=3)
         phases["caught up"] = time.monotonic() - started
@@ -506,6 +509,9 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
     finally:
         if run.poll() is None:
             run.kill()
+        for group in drivers:  # its own session: the launcher's death spares it
+            if group.running():
+                group.kill()
         log.close()
     phases["stopped"] = time.monotonic() - started
     print(f"seconds since launch: { {k: round(v) for k, v in phases.items()} }")
