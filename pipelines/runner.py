@@ -60,7 +60,12 @@ from pipelines.settings import Settings, load_settings
 from pipelines.silver.refresh import resume_swap
 from pipelines.spark import get_spark_session
 from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
-from pipelines.stopping import StopRequest, last_batch_id, stop_after_inflight_batch
+from pipelines.stopping import (
+    StopRequest,
+    last_batch_id,
+    stop_after_inflight_batch,
+    stop_after_inflight_batches,
+)
 from pipelines.stops import failure_stop, query_exception, stop_reason
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
@@ -264,8 +269,7 @@ def supervise(
             return _lease_lost(queries, lost, reporter, flows)
         if stop.requested:
             reporter.info(f"stopping gracefully ({stop.reason}) after the in-flight batches commit")
-            for query in queries.values():
-                stop_after_inflight_batch(query)
+            stop_after_inflight_batches(queries.values())
             return Ending.every(EXIT_OK, flows, StopReason.STOPPED_ON_REQUEST, stop.reason)
         time.sleep(POLL_SECONDS)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from types import FrameType
+from typing import Any
 
 from pyspark.sql.streaming import StreamingQuery
 
@@ -67,19 +69,26 @@ class StopRequest:
 
 
 def last_batch_id(query: StreamingQuery) -> int:
-    """The id of the last micro-batch ``query`` ran, -1 before its first.
+    """The id of the last micro-batch ``query`` ran in this run, -1 before its first.
 
-    Not ``lastProgress["batchId"]`` as such: once a query has been idle for
-    ``spark.sql.streaming.noDataProgressEventInterval`` (10 s), Spark records a progress for the
-    trigger that found no data under the id of the *next* batch, with no ``addBatch`` among its
-    durations, and tells listeners ``onQueryIdle`` instead of ``onQueryProgress``. Waiting for that
-    batch would wait for one that never runs.
+    Not ``lastProgress["batchId"]`` as such: a trigger that finds no data records a progress under
+    the id of the *next* batch, with no ``addBatch`` among its durations (the first such trigger
+    after a start at once, then every ``spark.sql.streaming.noDataProgressEventInterval``), and
+    listeners hear no progress of it. Waiting for that batch would wait for one that never runs;
+    nor does ``batchId - 1`` do for a query restarted from a checkpoint that has run nothing yet.
+    The newest progress that ran a batch is taken from this run's recent progress.
     """
     progress = query.lastProgress
-    if progress is None:
-        return -1
-    batch_id = int(progress["batchId"])
-    return batch_id if "addBatch" in (progress.get("durationMs") or {}) else batch_id - 1
+    if progress is not None and _ran(progress):
+        return int(progress["batchId"])
+    for recent in reversed(query.recentProgress or []):
+        if _ran(recent):
+            return int(recent["batchId"])
+    return -1
+
+
+def _ran(progress: Any) -> bool:
+    return "addBatch" in (progress.get("durationMs") or {})
 
 
 def batch_may_commit(query: StreamingQuery) -> bool:
@@ -93,19 +102,29 @@ def batch_may_commit(query: StreamingQuery) -> bool:
 
 
 def stop_after_inflight_batch(query: StreamingQuery, timeout: float = 120.0) -> None:
-    """Stop ``query`` once the micro-batch running now has committed.
+    """Stop ``query`` once the micro-batch running now has committed (one query of
+    :func:`stop_after_inflight_batches`)."""
+    stop_after_inflight_batches([query], timeout)
 
-    A trigger that is only looking for new data and finds none ends the wait at once: a stop never
-    waits for a batch that will not run. A batch the query starts after the wait is interrupted,
-    uncommitted, and replayed on restart.
+
+def stop_after_inflight_batches(queries: Iterable[StreamingQuery], timeout: float = 120.0) -> None:
+    """Stop ``queries`` once the micro-batches running now have committed, under one deadline.
+
+    Each query's batch in flight is noted before any wait, so a batch a downstream query starts on
+    an upstream commit made during the wait is not waited for. A trigger that is only looking for
+    new data and finds none ends its query's wait at once: a stop never waits for a batch that
+    will not run. A batch a query starts after its wait is interrupted, uncommitted, and replayed
+    on restart.
     """
-    inflight = last_batch_id(query) + 1
+    inflight = [(query, last_batch_id(query) + 1) for query in queries]
     deadline = time.monotonic() + timeout
-    while (
-        query.isActive
-        and last_batch_id(query) < inflight
-        and batch_may_commit(query)
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.1)
-    query.stop()
+    for query, batch in inflight:
+        while (
+            query.isActive
+            and last_batch_id(query) < batch
+            and batch_may_commit(query)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+    for query, _batch in inflight:
+        query.stop()

@@ -22,6 +22,7 @@ class EndingQuery:
     reads: int = 0
     stopped: bool = field(default=False)
     lastProgress: Any = None  # noqa: N815 - Spark's attribute name
+    recentProgress: list[Any] = field(default_factory=list)  # noqa: N815
     status: dict[str, Any] = field(default_factory=dict)
 
     @property
