@@ -25,6 +25,7 @@ Needs root (the workers' mount namespaces, PostgreSQL run as its own user), as C
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -274,6 +275,7 @@ def scheduled_backfill(env: dict[str, str], log: Path) -> tuple[Any, Any]:
     daemon = subprocess.Popen(
         [str(BIN / "dagster-daemon"), "run", "-m", "assets.definitions", "-a", "defs"],
         env=env, cwd=PROJECT_ROOT, stdout=output, stderr=subprocess.STDOUT,
+        start_new_session=True,  # its code server and the runs it launches: one group
     )  # fmt: skip
     try:
         with pytest.MonkeyPatch.context() as patch:
@@ -297,8 +299,8 @@ def scheduled_backfill(env: dict[str, str], log: Path) -> tuple[Any, Any]:
             instance.dispose()
             return tick, finished
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=120)
+        end_group(daemon)
+        kill_applications("cl_shop")  # a run cut short leaves its application behind
         output.close()
 
 
@@ -392,6 +394,28 @@ def application_group(
     return wait_for(found, 300, "the flow's application")
 
 
+def end_group(process: subprocess.Popen[Any], timeout: float = 120.0) -> None:
+    """SIGTERM the process group ``process`` leads, SIGKILL it if it outlives ``timeout``."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def kill_applications(flow: str) -> None:
+    """SIGKILL the process group of every Spark application of ``flow`` still running."""
+    for pid in processes_matching(f"{flow}.yaml"):
+        if "SparkSubmit" in command_line(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
 def gone(pid: int) -> bool:
     """``pid`` exited (a zombie no one reaped yet counts as exited)."""
     try:
@@ -437,6 +461,7 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
         [str(BIN / "dagster"), "job", "execute", "-j", "run_cl_faults",
          "-m", "assets.definitions", "-a", "defs"],
         env=cluster_env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # the run and its step processes: one group
     )  # fmt: skip
     rng, aim = random.Random(26), Aim(MID_BATCH)
     drivers: list[ApplicationGroup] = []  # killed in the end if a failure left one running
@@ -507,11 +532,11 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert run.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-4000:]
     finally:
-        if run.poll() is None:
-            run.kill()
+        end_group(run)
         for group in drivers:  # its own session: the launcher's death spares it
             if group.running():
                 group.kill()
+        kill_applications("cl_faults")  # one launched after the last the test found
         log.close()
     phases["stopped"] = time.monotonic() - started
     print(f"seconds since launch: { {k: round(v) for k, v in phases.items()} }")
