@@ -63,7 +63,6 @@ from pipelines.spec import TRIGGER_MODES, FlowSpec, load_spec
 from pipelines.stopping import (
     StopRequest,
     last_batch_id,
-    stop_after_inflight_batch,
     stop_after_inflight_batches,
 )
 from pipelines.stops import failure_stop, query_exception, stop_reason
@@ -312,13 +311,12 @@ def _failed(
     cause = failure_stop(flow_of_query(name), name, raised, query_exception(queries[name]), error)
     reporter.error(cause.message)
     lease_lost = cause.reason is StopReason.LEASE_LOST
-    for query in queries.values():
-        if not query.isActive:
-            continue
-        if lease_lost:
+    active = [query for query in queries.values() if query.isActive]
+    if lease_lost:
+        for query in active:
             query.stop()  # no waiting: the lease may pass to a new owner soon
-        else:
-            stop_after_inflight_batch(query)
+    else:
+        stop_after_inflight_batches(active)
     return Ending.failed(EXIT_LEASE if lease_lost else EXIT_FAILED, flows, cause)
 
 

@@ -101,12 +101,6 @@ def batch_may_commit(query: StreamingQuery) -> bool:
     )
 
 
-def stop_after_inflight_batch(query: StreamingQuery, timeout: float = 120.0) -> None:
-    """Stop ``query`` once the micro-batch running now has committed (one query of
-    :func:`stop_after_inflight_batches`)."""
-    stop_after_inflight_batches([query], timeout)
-
-
 def stop_after_inflight_batches(queries: Iterable[StreamingQuery], timeout: float = 120.0) -> None:
     """Stop ``queries`` once the micro-batches running now have committed, under one deadline.
 

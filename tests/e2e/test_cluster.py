@@ -205,9 +205,14 @@ def applications(output: str) -> dict[str, list[int]]:
     }
 
 
-def master_applications(cluster: Cluster) -> list[str]:
+def master_view(cluster: Cluster) -> dict[str, Any]:
+    """The master's own account of the cluster: its workers and applications."""
     with urllib.request.urlopen(f"{cluster.state['master_ui']}/json/", timeout=5) as reply:
-        view = json.loads(reply.read())
+        return dict(json.loads(reply.read()))
+
+
+def master_applications(cluster: Cluster) -> list[str]:
+    view = master_view(cluster)
     return [app["id"] for app in [*view["activeapps"], *view["completedapps"]]]
 
 
@@ -425,9 +430,7 @@ def gone(pid: int) -> bool:
 
 
 def dead_workers(cluster: Cluster) -> list[str]:
-    with urllib.request.urlopen(f"{cluster.state['master_ui']}/json/", timeout=5) as reply:
-        view = json.loads(reply.read())
-    return [w["id"] for w in view["workers"] if w["state"] != "ALIVE"]
+    return [w["id"] for w in master_view(cluster)["workers"] if w["state"] != "ALIVE"]
 
 
 def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(

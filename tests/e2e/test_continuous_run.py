@@ -214,7 +214,7 @@ def trickle(bootstrap: str, topic: str, start: int) -> Iterator[list[tuple[bytes
     runs; yields the records delivered so far, in order (the table holds a prefix of them).
 
     A query with data in every trigger is the one a stop can cut mid-batch: the runner must let
-    the batch in flight commit (:func:`pipelines.stopping.stop_after_inflight_batch`).
+    the batch in flight commit (:func:`pipelines.stopping.stop_after_inflight_batches`).
     """
     sent: list[tuple[bytes, bytes]] = []
     errors: list[BaseException] = []

@@ -17,7 +17,6 @@ from pipelines import stopping
 from pipelines.stopping import (
     batch_may_commit,
     last_batch_id,
-    stop_after_inflight_batch,
     stop_after_inflight_batches,
 )
 
@@ -85,7 +84,7 @@ def test_a_query_restarted_from_a_checkpoint_that_ran_nothing_yet_has_no_last_ba
         [("Waiting for next trigger", False, progress(7, IDLE))], recent=[progress(7, IDLE)]
     )
     assert last_batch_id(restarted) == -1
-    stop_after_inflight_batch(restarted, timeout=5.0)
+    stop_after_inflight_batches([restarted], timeout=5.0)
     assert restarted.stopped_at_step == 1  # nothing in flight: stopped at once
 
 
@@ -115,7 +114,7 @@ def test_a_stop_while_the_trigger_finds_no_data_does_not_wait_for_a_batch() -> N
         ]
     )
     started = time.monotonic()
-    stop_after_inflight_batch(query, timeout=5.0)
+    stop_after_inflight_batches([query], timeout=5.0)
     assert query.stopped_at_step == 3  # at the first "Waiting", not at the timeout
     assert time.monotonic() - started < 1.0
 
@@ -130,14 +129,14 @@ def test_a_stop_during_a_batch_waits_for_its_commit() -> None:
             ("Waiting for next trigger", False, progress(2, RAN)),  # batch 2 committed
         ]
     )
-    stop_after_inflight_batch(query, timeout=5.0)
+    stop_after_inflight_batches([query], timeout=5.0)
     assert query.stopped_at_step == 3  # three statuses at work, then batch 2's progress
     assert last_batch_id(query) == 2
 
 
 def test_a_stop_between_triggers_stops_at_once() -> None:
     query = FakeQuery([("Waiting for next trigger", False, progress(5, RAN))])
-    stop_after_inflight_batch(query, timeout=5.0)
+    stop_after_inflight_batches([query], timeout=5.0)
     assert query.stopped_at_step == 1
 
 
