@@ -234,6 +234,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(at --silver-pace, trigger the first of --silver-intervals)",
     )
     parser.add_argument(
+        "--silver-history",
+        action="store_true",
+        help="silver_latency: the flow keeps a history table too; its latency is measured",
+    )
+    parser.add_argument(
         "--silver-intervals",
         nargs="+",
         default=["500 milliseconds"],
@@ -423,7 +428,7 @@ class Bench:
         outcome = run_silver_latency(
             self.workdir, self.jars_dir, bootstrap,
             Pace(a.silver_pace[0], a.silver_pace[1], a.latency_warmup),
-            a.silver_designs, a.silver_intervals,
+            a.silver_designs, a.silver_intervals, a.silver_history,
         )  # fmt: skip
         self.record("silver_latency", outcome)
 

@@ -81,8 +81,12 @@ def _cdc_module() -> Any:
 CDC = _cdc_module()
 
 
-def flow_spec(name: str, topic: str, chaining: str, interval: str) -> dict[str, Any]:
-    return {
+def flow_spec(
+    name: str, topic: str, chaining: str, interval: str, history: bool = False
+) -> dict[str, Any]:
+    """The measured flow: a current table keyed by ``id``; with ``history`` a history table
+    too (every event changes ``email``, so every update opens a version at its lsn)."""
+    spec: dict[str, Any] = {
         "name": name,
         "source": {"kind": "kafka", "topics": [topic], "starting_offsets": "earliest"},
         "target": {"table": f"bronze_{name}"},
@@ -94,6 +98,9 @@ def flow_spec(name: str, topic: str, chaining: str, interval: str) -> dict[str, 
             "current": {"table": f"{name}_current", "keys": ["id"]},
         },
     }
+    if history:
+        spec["silver"]["history"] = {"table": f"{name}_history"}
+    return spec
 
 
 def change_event(index: int, now: float) -> tuple[int, bytes, bytes]:
@@ -140,6 +147,8 @@ class Reader:
     The table may be on an S3 store: delta-rs opens it with the location's storage options."""
 
     path: Location
+    #: The column holding an event's lsn: ``_sequence`` (current), ``_valid_from`` (history).
+    sequence_column: str = "_sequence"
     seen: dict[int, float] = field(default_factory=dict)
     #: key -> [(version, _sequence)] of rows the version's commit added
     rows: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -190,9 +199,11 @@ class Reader:
                 if not add:
                     continue
                 data = (self.path / unquote(add["path"])).read_bytes()
-                columns = pq.read_table(pa.BufferReader(data), columns=["id", "_sequence"])
+                columns = pq.read_table(pa.BufferReader(data), columns=["id", self.sequence_column])
                 for key, sequence in zip(
-                    columns["id"].to_pylist(), columns["_sequence"].to_pylist(), strict=True
+                    columns["id"].to_pylist(),
+                    columns[self.sequence_column].to_pylist(),
+                    strict=True,
                 ):
                     self.rows.setdefault(key, []).append((version, sequence))
                     self.max_sequence = max(self.max_sequence, sequence)
@@ -233,26 +244,32 @@ def run_design(
     overrides: dict[str, Any] | None = None,
     tag: str = "",
     spark_conf: dict[str, str] | None = None,
+    history: bool = False,
 ) -> dict[str, Any]:
     """One design's run. ``overrides``: settings fields of the runner (its lake and checkpoints
     on S3, its master: they reach it through its environment only); ``tag``: part of the
-    folder's and the topic's names; ``spark_conf``: Spark settings of the runner."""
+    folder's and the topic's names; ``spark_conf``: Spark settings of the runner; ``history``:
+    the flow keeps a history table too, and its latency is measured beside the current's."""
     name = f"silverlat{n}"
     topic = f"bench_cdc_{n}{tag}"
     runtime = workdir / f"silver-latency-{n}{tag}"
     spec_file = runtime / "flows" / f"{name}.yaml"
     spec_file.parent.mkdir(parents=True, exist_ok=True)
-    spec_file.write_text(yaml.safe_dump(flow_spec(name, topic, chaining, interval)))
+    spec_file.write_text(yaml.safe_dump(flow_spec(name, topic, chaining, interval, history)))
     create_topic(bootstrap, topic, partitions=3)
     lake = bench_settings(runtime, jars_dir, overrides=overrides).lake
     reader = Reader(lake / "silver" / f"{name}_current")
+    readers = [reader]
+    if history:
+        readers.append(Reader(lake / "silver" / f"{name}_history", "_valid_from"))
     sent: dict[int, float] = {}
     env = conflux_env(runtime, jars_dir, bootstrap, spark_conf, overrides)
     command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec_file)]
     say(f"silver_latency: chaining {chaining}, trigger every {interval}: starting the runner")
     with Child(command, env, runtime / "runner.log") as child:
         child.wait_for_text("conflux: started ", 600)
-        reader.start()
+        for each in readers:
+            each.start()
         try:
             first = produce_paced(bootstrap, topic, Pace(pace.rate, 0, 1 / pace.rate), 0, sent)
             wait_for(reader, FIRST_LSN, child, 300)  # the first event: every query has run
@@ -263,27 +280,19 @@ def run_design(
             )
             total = produce_paced(bootstrap, topic, pace, first, sent)
             last = FIRST_LSN + first + total - 1
-            wait_for(reader, last, child, 300)
+            for each in readers:
+                wait_for(each, last, child, 300)
             time.sleep(2 * POLL_SECONDS)
         finally:
-            reader.stop()
+            for each in readers:
+                each.stop()
         stopping = time.monotonic()
         child.process.send_signal(signal.SIGTERM)
         child.wait_ok(300)
         stop_seconds = time.monotonic() - stopping
         batches = progress(child.output())[warm:]
-    if reader.error is not None:
-        raise BenchError(f"the delta-rs reader failed: {reader.error!r}")
     measured_from = FIRST_LSN + first + pace.warmup_events
-    latencies = []
-    for lsn, produced in sent.items():
-        if lsn < measured_from:
-            continue
-        key = (lsn - FIRST_LSN) * PERMUTE % KEY_POOL
-        visible = reader.visible_at(key, lsn)
-        if visible is None:
-            raise BenchError(f"{chaining}: event lsn {lsn} (id {key}) never became visible")
-        latencies.append((visible - produced) * 1000)
+    latencies = _latencies(reader, sent, measured_from, chaining)
     measured_versions = [v for v, t in reader.seen.items() if t >= sent[measured_from]]
     durations: dict[str, list[float]] = {}
     rows: dict[str, int] = {}
@@ -309,7 +318,32 @@ def run_design(
             for stage, d in durations.items()
         },
         "graceful_stop_seconds": round(stop_seconds, 1),
+        **(
+            {"history_latency_ms": summarize(_latencies(readers[1], sent, measured_from, chaining))}
+            if history
+            else {}
+        ),
     }
+
+
+def _latencies(
+    reader: Reader, sent: dict[int, float], measured_from: int, chaining: str
+) -> list[float]:
+    """Produce → first seen in the reader's table, in ms, of every event from ``measured_from``."""
+    if reader.error is not None:
+        raise BenchError(f"the delta-rs reader of {reader.path} failed: {reader.error!r}")
+    latencies = []
+    for lsn, produced in sent.items():
+        if lsn < measured_from:
+            continue
+        key = (lsn - FIRST_LSN) * PERMUTE % KEY_POOL
+        visible = reader.visible_at(key, lsn)
+        if visible is None:
+            raise BenchError(
+                f"{chaining}: event lsn {lsn} (id {key}) never became visible in {reader.path}"
+            )
+        latencies.append((visible - produced) * 1000)
+    return latencies
 
 
 def run_silver_latency(
@@ -319,12 +353,17 @@ def run_silver_latency(
     pace: Pace,
     designs: list[str],
     intervals: list[str],
+    history: bool = False,
 ) -> Outcome:
     results = []
     n = 0
     for interval in intervals:
         for chaining in designs:
-            results.append(run_design(workdir, jars_dir, bootstrap, pace, chaining, interval, n))
+            results.append(
+                run_design(
+                    workdir, jars_dir, bootstrap, pace, chaining, interval, n, history=history
+                )
+            )
             say(f"silver_latency: {json.dumps(results[-1])}")
             n += 1
     return _outcome(results, pace)
@@ -352,6 +391,16 @@ def _outcome(results: list[dict[str, Any]], pace: Pace) -> Outcome:
                 f"{batches}; graceful stop {r['graceful_stop_seconds']} s",
             )
         )
+        if "history_latency_ms" in r:
+            rows.append(
+                Row(
+                    "silver_latency",
+                    f"chaining {r['chaining']}, trigger {r['interval']}: produce → history "
+                    "table seen by delta-rs, p50 / p95 / p99 / max",
+                    f"{_ms(r['history_latency_ms'])} ms",
+                    "the same run and events: every update opens a version at its lsn",
+                )
+            )
     by = {(r["chaining"], r["interval"]): r for r in results}
     for (chaining, interval), r in by.items():
         if chaining == "bronze_batch" and ("stream", interval) in by:

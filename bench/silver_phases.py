@@ -96,15 +96,19 @@ class PhaseClock:
         return timed
 
 
-def flow_document(topic: str, history: bool, per_trigger: int) -> dict[str, Any]:
+def flow_document(
+    topic: str, history: bool, per_trigger: int, table_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The measured flow's spec; ``table_options`` go on its current and history tables."""
+    options = table_options or {}
     silver: dict[str, Any] = {
         "format": "debezium",
         "schema": SCHEMA_DDL,
         "chaining": "bronze_batch",
-        "current": {"table": "phases_current", "keys": ["id"]},
+        "current": {"table": "phases_current", "keys": ["id"], **options},
     }
     if history:
-        silver["history"] = {"table": "phases_history"}
+        silver["history"] = {"table": "phases_history", **options}
     return {
         "name": "phases",
         "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": per_trigger},
@@ -161,6 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     events_dir = workdir / "events"
     events_dir.mkdir()
     conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(events_dir)}
+    conf.update(dict(item.split("=", 1) for item in args.conf))
     settings = bench_settings(workdir, args.jars, args.bootstrap, spark_conf=conf)
     topic = f"bench_phases_{int(time.time())}"
     create_topic(args.bootstrap, topic, partitions=3)
@@ -171,12 +176,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spark = get_spark_session("bench-silver-phases", settings, ui=False)
     plan = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results: dict[str, Any] = {"plan": plan}
+    options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.table_option)}
     try:
         for label, first, count, per_trigger in (
             ("initial load", 0, args.keys, args.keys),
             ("updates", args.keys, args.batch * args.batches, args.batch),
         ):
-            spec_file.write_text(yaml.safe_dump(flow_document(topic, args.history, per_trigger)))
+            spec_file.write_text(
+                yaml.safe_dump(flow_document(topic, args.history, per_trigger, options))
+            )
             produce(args.bootstrap, topic, first, count, args.keys)
             clock.batches.clear()
             since_ms, started = time.time() * 1000, time.perf_counter()
@@ -204,6 +212,21 @@ def main() -> None:
     parser.add_argument("--history", action="store_true", help="a history table too")
     parser.add_argument("--jars", type=Path, default=PROJECT_ROOT / ".runtime" / "jars")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark conf for the session (repeatable): a lever to measure",
+    )
+    parser.add_argument(
+        "--table-option",
+        action="append",
+        default=[],
+        metavar="FIELD=YAML",
+        help="a spec field of the current and history tables (repeatable), "
+        "e.g. change_data_feed=false",
+    )
     args = parser.parse_args()
     if not 0 < args.keys <= KEY_POOL:
         parser.error(f"--keys: 1 to {KEY_POOL:,} (the key pool of bench/silver_latency.py)")

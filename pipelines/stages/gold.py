@@ -579,7 +579,7 @@ class GoldStage(_AggregateInput):
                 .execute()
             )
 
-        with idempotent_session(spark, app_id, batch_id):
+        with idempotent_session(spark, app_id, batch_id, target=self.gold_path):
             retry_on_maintenance(merge, gold.table, batch_id)
         return committed_write(
             spark, gold.table, self.gold_entry.id, self.gold_path, before, app_id, batch_id

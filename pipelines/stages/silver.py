@@ -4,15 +4,17 @@ One micro-batch of bronze rows is parsed once (:func:`pipelines.silver.parse.par
 held (:mod:`pipelines.held`: computed once, its lineage cut), then written, each write idempotent under the batch id with an app id of its own
 table (``conflux-<flow id>-g<generation>-<table>``; see :mod:`pipelines.delta_writes`):
 
-1. the events that parsed to the append-only **events table**, partitioned by ``_event_date``:
+1. when the spec declares ``current``, the batch reduced to one row per key, MERGEd into the
+   **current-state table**, and its deletes into the deleted-keys side table
+   (:mod:`pipelines.silver.current`): first, because it is the table readers wait for, and it
+   reads only the batch's own events;
+2. the events that parsed to the append-only **events table**, partitioned by ``_event_date``:
    downstream streams and date-range backfills read it (a Delta stream cannot follow a table that
    MERGE rewrites);
-2. the records that did not to the **quarantine table**, with their bytes and reasons;
-3. when the spec declares ``current``, the batch reduced to one row per key, MERGEd into the
-   **current-state table**, and its deletes into the deleted-keys side table
-   (:mod:`pipelines.silver.current`);
+3. the records that did not to the **quarantine table**, with their bytes and reasons;
 4. when the spec declares ``history``, the versions of the batch's keys, recomputed from the
-   events table, MERGEd into the **history table** (:mod:`pipelines.silver.history`).
+   events table (so after the events append), MERGEd into the **history table**
+   (:mod:`pipelines.silver.history`).
 
 A spec's ``transform`` (:mod:`pipelines.silver.transform`) rewrites the parsed events before any
 of these writes; the tables are designed from its output schema.
@@ -103,8 +105,6 @@ from pipelines.stages.silver_design import SilverDesign
 
 STAGE = SILVER_STAGE
 log = logging.getLogger(__name__)
-#: Tables whose version a batch's commit does not report (they follow the current table).
-_FOLLOWING_TABLES = (TableRole.DELETED_KEYS, TableRole.HISTORY)
 
 
 class SilverStage(SilverDesign, QueryStage):
@@ -158,7 +158,11 @@ class SilverStage(SilverDesign, QueryStage):
             for table, path in self.written.values()
             if not table.is_side_table
         }
-        self.main_table = self.current_path or self.history_path or self.events_path
+        #: The table a batch's reported version is of: current, else history, else events.
+        self.main_role = next(
+            r for r in (TableRole.CURRENT, TableRole.HISTORY, TableRole.EVENTS) if self._path(r)
+        )
+        self.main_table = self.written[self.main_role][1]
         self.identity: FlowIdentity | None = None
         self.transform: Transform | None = None
         #: The parsed (and transformed) row's columns, without the metadata: set by designs().
@@ -351,6 +355,11 @@ class SilverStage(SilverDesign, QueryStage):
                 events = transformed
                 has_deletes = True  # the transform may have made deletes: let the MERGE see
             writes: list[TableWrite] = []
+            # The current table first: it is what readers wait for (freshness), and it reads
+            # only this batch's events; history recomputes from the events table, so it comes
+            # after the events append.
+            if silver.current is not None and event_count:
+                writes += self._merge(events, batch_id, has_deletes)
             if event_count:
                 writes.append(self._append(events, TableRole.EVENTS, batch_id))
             if counts["quarantined"]:
@@ -359,8 +368,6 @@ class SilverStage(SilverDesign, QueryStage):
                         quarantine_of(parsed, self.spec.name), TableRole.QUARANTINE, batch_id
                     )
                 )
-            if silver.current is not None and event_count:
-                writes += self._merge(events, batch_id, has_deletes)
             if silver.history is not None and event_count:
                 writes += self._merge_history(events, batch_id)
             quality = batch_quality(counts, expectations, event_count, columns_added)
@@ -371,10 +378,9 @@ class SilverStage(SilverDesign, QueryStage):
         commit = BatchCommit(
             flow=self.spec.name,
             batch_id=batch_id,
-            # the newest version of the tables that change with every batch's events
+            # the version of the flow's main table (current, else history, else events)
             table_version=next(
-                (w.version for w in reversed(writes) if roles[w.role] not in _FOLLOWING_TABLES),
-                None,
+                (w.version for w in writes if roles[w.role] is self.main_role), None
             ),
             rows_added=sum(w.rows for w in writes if roles[w.role] is TableRole.EVENTS),
             replayed=bool(writes) and all(w.skipped for w in writes),
@@ -463,7 +469,7 @@ class SilverStage(SilverDesign, QueryStage):
         table, path = self.written[role]
         app_id = self.app_id(role)
         before = delta_version(spark, path)
-        with idempotent_session(spark, app_id, batch_id):
+        with idempotent_session(spark, app_id, batch_id, target=path):
             retry_on_maintenance(
                 lambda: merge(DeltaTable.forPath(spark, path)), table.name, batch_id
             )
