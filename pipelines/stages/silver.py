@@ -34,6 +34,7 @@ from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from pipelines.catalog.lifecycle import TableDesign, ensure_table
@@ -94,6 +95,7 @@ from pipelines.silver.schema_changes import (
 )
 from pipelines.silver.schema_changes import aggregates as schema_aggregates
 from pipelines.silver.schema_changes import failure_message as schema_failure_message
+from pipelines.silver.steps import FrameSteps
 from pipelines.silver.transform import (
     Transform,
     apply_transform,
@@ -171,6 +173,9 @@ class SilverStage(SilverDesign, QueryStage):
         self.spec_columns = self.silver.declared_columns()
         #: Undeclared fields already logged as impossible column names.
         self.skipped_fields: set[str] = set()
+        #: (spec, spec columns, judged, parse steps, judge steps) of :meth:`_parse_steps`.
+        self._parse_cache: list[tuple[SilverSpec, tuple[str, ...], bool, FrameSteps, FrameSteps]]
+        self._parse_cache = []
 
     def _located(self, table: CatalogTable) -> str:
         """Where this run writes ``table``: beside the live one during a full refresh."""
@@ -228,10 +233,30 @@ class SilverStage(SilverDesign, QueryStage):
 
     def _parse(self, bronze_rows: DataFrame, batch_id: int, judged: bool = True) -> DataFrame:
         """Parse a batch: rows, their schema changes (policy reasons, rescued fields) and (when
-        ``judged``) their expectations, in one projection."""
-        parsed = parse_batch(bronze_rows, self.silver, batch_id)
-        parsed = with_record_fields(parsed, self.silver, self.spec_columns)
-        return with_expectations(parsed, self.silver.expectations) if judged else parsed
+        ``judged``) their expectations, in one projection; the expressions are built once per
+        spec (:mod:`pipelines.silver.steps`), only the batch id is the batch's own."""
+        parse, judge = self._parse_steps(judged)
+        parsed = parse.apply(bronze_rows)
+        return judge.apply(parsed.withColumn("_batch_id", F.lit(batch_id).cast("long")))
+
+    def _parse_steps(self, judged: bool) -> tuple[FrameSteps, FrameSteps]:
+        """The recorded parse of the current spec (evolving columns makes a new one)."""
+        silver, spec_columns = self.silver, self.spec_columns
+        for cached in self._parse_cache:
+            if cached[0] is silver and cached[1] == spec_columns and cached[2] == judged:
+                return cached[3], cached[4]
+        parse = FrameSteps.record(lambda frame: parse_batch(frame, silver, 0))
+
+        def judge(frame: DataFrame) -> DataFrame:
+            frame = with_record_fields(frame, silver, spec_columns)
+            return with_expectations(frame, silver.expectations) if judged else frame
+
+        steps = (parse, FrameSteps.record(judge))
+        self._parse_cache = [
+            *(c for c in self._parse_cache if c[0] is silver),
+            (silver, spec_columns, judged, *steps),
+        ]
+        return steps
 
     def _count(self, parsed: DataFrame) -> dict[str, Any]:
         """The batch's one aggregation (see :func:`batch_aggregates` and
