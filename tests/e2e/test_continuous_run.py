@@ -68,6 +68,7 @@ from tests.support.dagster_ui import (
     free_port,
     latest_term,
     log_batches,
+    parent_pid,
     processes_matching,
     wait_for,
 )
@@ -194,9 +195,19 @@ def kill_application(lease_dir: Location) -> str:
     """SIGKILL the flow's Spark application (its spark-submit JVM's process group)."""
     term = latest_term(lease_dir)
     assert term is not None and not term.released
-    [jvm] = [p for p in processes_matching(term.owner) if "SparkSubmit" in command_line(p)]
+    jvms = [p for p in processes_matching(term.owner) if "SparkSubmit" in command_line(p)]
+    # A process the JVM is forking (Hadoop runs shell commands) shows the JVM's command line
+    # until it execs: the application is the match whose parent is not a match too.
+    [jvm] = [p for p in jvms if (parent := _parent_or_none(p)) and parent not in jvms]
     os.killpg(os.getpgid(jvm), signal.SIGKILL)
     return term.owner
+
+
+def _parent_or_none(pid: int) -> int | None:
+    try:
+        return parent_pid(pid)
+    except FileNotFoundError:  # it exited meanwhile: not the application
+        return None
 
 
 def stop_file_of(owner: str) -> Path:
