@@ -269,11 +269,17 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
         frame.withColumn("_sequence", F.when(parsed, F.expr(spec.sequence_expression)))
         .withColumn("_event_time", F.coalesce(event_time, F.col("_source_timestamp")))
         .withColumn("_event_date", F.to_date("_event_time"))
-        .withColumn("_batch_id", F.lit(batch_id).cast("long"))
         .drop("_default_event_time")
     )
+    frame = with_batch_id(frame, batch_id)
     frame = frame.withColumn(REASONS, F.concat(F.col(REASONS), _row_reasons(spec)))
     return frame
+
+
+def with_batch_id(frame: DataFrame, batch_id: int) -> DataFrame:
+    """``frame`` (parsed) stamped with the micro-batch it was parsed in (``_batch_id``): the only
+    column of a parse that is not the same in every batch."""
+    return frame.withColumn("_batch_id", F.lit(batch_id).cast("long"))
 
 
 def bronze_rows_of(parsed: DataFrame) -> DataFrame:

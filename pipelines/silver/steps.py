@@ -20,9 +20,6 @@ from typing import Any, cast
 
 from pyspark.sql import DataFrame
 
-#: The DataFrame methods a recorded function may call.
-RECORDED = ("withColumn", "select", "drop")
-
 
 class FrameSteps:
     """The DataFrame operations of one recorded build (see the module doc)."""

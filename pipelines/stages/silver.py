@@ -34,7 +34,6 @@ from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from pipelines.catalog.lifecycle import TableDesign, ensure_table
@@ -75,6 +74,7 @@ from pipelines.silver.parse import (
     events_of,
     parse_batch,
     quarantine_of,
+    with_batch_id,
 )
 from pipelines.silver.refresh import (
     SilverRefresh,
@@ -173,9 +173,8 @@ class SilverStage(SilverDesign, QueryStage):
         self.spec_columns = self.silver.declared_columns()
         #: Undeclared fields already logged as impossible column names.
         self.skipped_fields: set[str] = set()
-        #: (spec, spec columns, judged, parse steps, judge steps) of :meth:`_parse_steps`.
-        self._parse_cache: list[tuple[SilverSpec, tuple[str, ...], bool, FrameSteps, FrameSteps]]
-        self._parse_cache = []
+        #: judged -> (the spec it was built for, its parse and judge steps): :meth:`_parse_steps`.
+        self._parse_cache: dict[bool, tuple[SilverSpec, tuple[FrameSteps, FrameSteps]]] = {}
 
     def _located(self, table: CatalogTable) -> str:
         """Where this run writes ``table``: beside the live one during a full refresh."""
@@ -236,26 +235,22 @@ class SilverStage(SilverDesign, QueryStage):
         ``judged``) their expectations, in one projection; the expressions are built once per
         spec (:mod:`pipelines.silver.steps`), only the batch id is the batch's own."""
         parse, judge = self._parse_steps(judged)
-        parsed = parse.apply(bronze_rows)
-        return judge.apply(parsed.withColumn("_batch_id", F.lit(batch_id).cast("long")))
+        return judge.apply(with_batch_id(parse.apply(bronze_rows), batch_id))
 
     def _parse_steps(self, judged: bool) -> tuple[FrameSteps, FrameSteps]:
         """The recorded parse of the current spec (evolving columns makes a new one)."""
-        silver, spec_columns = self.silver, self.spec_columns
-        for cached in self._parse_cache:
-            if cached[0] is silver and cached[1] == spec_columns and cached[2] == judged:
-                return cached[3], cached[4]
+        silver = self.silver
+        cached = self._parse_cache.get(judged)
+        if cached is not None and cached[0] is silver:
+            return cached[1]
         parse = FrameSteps.record(lambda frame: parse_batch(frame, silver, 0))
 
         def judge(frame: DataFrame) -> DataFrame:
-            frame = with_record_fields(frame, silver, spec_columns)
+            frame = with_record_fields(frame, silver, self.spec_columns)
             return with_expectations(frame, silver.expectations) if judged else frame
 
         steps = (parse, FrameSteps.record(judge))
-        self._parse_cache = [
-            *(c for c in self._parse_cache if c[0] is silver),
-            (silver, spec_columns, judged, *steps),
-        ]
+        self._parse_cache[judged] = (silver, steps)
         return steps
 
     def _count(self, parsed: DataFrame) -> dict[str, Any]:
