@@ -11,11 +11,20 @@ no JVM), which drives the real code path of the silver stage:
 2. the current table is loaded with ``keys`` live rows by a plain Delta append of generated rows in
    the current table's shape (``spark.range``, no Python loop over rows);
 3. each measured batch is an events-shaped DataFrame (the schema's columns + ``EVENT_METADATA``)
-   of ``batch`` upserts, 80 % updates of distinct existing keys spread over the whole key space
-   (a multiplicative permutation of the key range) and 20 % inserts of new keys; it is persisted
-   and counted first (in the stage the parsed batch is persisted too), then ``stage._merge`` runs
-   ``reduce_batch`` + ``drop_deleted`` + ``merge_current`` under ``idempotent_session``; only that
-   call is timed.
+   of ``batch`` change events: 20 % inserts of new keys, 80 % updates of existing keys, each
+   updated key changed ``changes_per_key`` times in the batch (so ``reduce_batch`` has work).
+   The updated keys (distinct, a multiplicative permutation of a key range) are spread over the
+   whole key space (shape ``uniform``: every file is touched) or, in the common CDC shape
+   ``recent``, 80 % of them among the 10 % most recently inserted keys (the highest ids) and the
+   rest among the older ones. The batch is persisted and counted first (in the stage the parsed
+   batch is persisted too), then ``stage._merge`` runs ``reduce_batch`` + ``drop_deleted`` +
+   ``merge_current`` under ``idempotent_session`` (and, as in the stage for a batch without
+   deletes, no deleted-keys MERGE); only that call is timed;
+4. every ``optimize_every`` batches the table is compacted by maintenance's own OPTIMIZE
+   (:func:`pipelines.maintenance.run_optimize`), timed and counted in the throughput; after the
+   last batch the table's file count and a full read of it with delta-rs (the reader a user's
+   non-Spark consumer would use, deletion vectors applied) are reported beside it, so no cost is
+   pushed onto readers unseen.
 
 For a **history** table (``--merge-table history``) the events table is loaded with one create
 event per key and the history table with the matching open version per key; each batch's events
@@ -47,12 +56,11 @@ from bench.harness import (
     BenchError,
     Child,
     Outcome,
-    Row,
     conflux_env,
     last_json_line,
-    median,
     say,
 )
+from bench.merge_report import outcome_of
 
 RESULT_PREFIX = "bench.merge "
 BATCH_PREFIX = "bench.merge.batch "
@@ -61,6 +69,10 @@ SCHEMA_DDL = "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIME
 #: visits distinct keys spread over the whole key space.
 PERMUTE = 2_654_435_761
 NEW_FRACTION = 0.2
+#: Shape ``recent``: this share of the updated keys among this fraction of the newest keys.
+RECENT_SHARE = 0.8
+RECENT_FRACTION = 0.1
+SHAPES = ("uniform", "recent")
 
 
 @dataclass(frozen=True)
@@ -72,14 +84,35 @@ class Variant:
     deletion_vectors: bool
     conf: dict[str, str]
     table: str = "current"
+    shape: str = "uniform"
+    changes_per_key: int = 1
+    optimize_every: int = 0
 
     @property
     def label(self) -> str:
         extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.conf.items())
         dv = "DV" if self.deletion_vectors else "no DV"
-        return f"{self.table}: {self.keys:,} keys, batch {self.batch:,}, {dv}" + (
+        how = f"{self.shape}, {self.changes_per_key} changes/key"
+        if self.optimize_every:
+            how += f", OPTIMIZE every {self.optimize_every}"
+        return f"{self.table}: {self.keys:,} keys, batch {self.batch:,}, {dv}, {how}" + (
             f", {extra}" if extra else ""
         )
+
+    @property
+    def inserts(self) -> int:
+        """New keys per batch."""
+        return int(self.batch * NEW_FRACTION)
+
+    @property
+    def updated_keys(self) -> int:
+        """Existing keys a batch updates (each ``changes_per_key`` times)."""
+        return (self.batch - self.inserts) // self.changes_per_key
+
+    @property
+    def events(self) -> int:
+        """Change events per batch."""
+        return self.inserts + self.updated_keys * self.changes_per_key
 
 
 # --------------------------------------------------------------------------- child (Spark) side
@@ -112,16 +145,23 @@ def _rows(spark: Any, start: int, count: int, partitions: int) -> Any:
     return _values(frame, F.col("id"))
 
 
-def _values(frame: Any, key: Any, version: int = 0) -> Any:
+def _values(frame: Any, key: Any, version: Any = 0, carry: tuple[str, ...] = ()) -> Any:
+    """Customers as the schema's columns (then ``carry``, columns of ``frame`` kept);
+    ``version`` (an int or a column) goes into the name."""
+    from pyspark.sql import Column
     from pyspark.sql import functions as F
 
     tiers = F.array(*(F.lit(t) for t in ("free", "silver", "gold", "platinum")))
+    tag = version if isinstance(version, Column) else F.lit(version)
     return frame.select(
         key.alias("id"),
-        F.concat(F.lit("Customer "), key.cast("string"), F.lit(f" v{version}")).alias("name"),
+        F.concat(F.lit("Customer "), key.cast("string"), F.lit(" v"), tag.cast("string")).alias(
+            "name"
+        ),
         F.concat(F.lit("c"), key.cast("string"), F.lit("@example.com")).alias("email"),
         F.element_at(tiers, (key % 4 + 1).cast("int")).alias("tier"),
         F.current_timestamp().alias("updated_at"),
+        *carry,
     )
 
 
@@ -183,25 +223,45 @@ def load_history(spark: Any, events_path: str, history_path: str, keys: int) -> 
     return time.monotonic() - started
 
 
-def events_batch(spark: Any, index: int, existing: int, batch: int, first_sequence: int) -> Any:
-    """One batch of events: 80 % updates of distinct existing keys, 20 % inserts of new keys."""
+def updated_key(j: Any, count: int, existing: int, offset: int, shape: str) -> Any:
+    """The ``j``-th (0 <= j < ``count``) existing key a batch updates: distinct for distinct j."""
     from pyspark.sql import functions as F
 
-    inserts = int(batch * NEW_FRACTION)
-    updates = batch - inserts
-    if updates > existing:
-        raise SystemExit(f"a batch of {updates:,} updates needs that many existing keys")
+    if shape == "uniform":
+        return (j * PERMUTE + offset) % existing
+    recent = max(1, int(existing * RECENT_FRACTION))
+    hot = int(count * RECENT_SHARE)
+    if hot > recent or count - hot > existing - recent:
+        raise SystemExit(f"{count:,} updated keys do not fit the recent shape of {existing:,}")
+    older = existing - recent
+    return F.when(j < hot, older + (j * PERMUTE + offset) % recent).otherwise(
+        ((j - hot) * PERMUTE + offset) % F.lit(max(1, older))
+    )
+
+
+def events_batch(
+    spark: Any, index: int, existing: int, variant: Variant, first_sequence: int
+) -> Any:
+    """One batch of change events (see the module doc, 3.): updates first, then inserts."""
+    from pyspark.sql import functions as F
+
+    per_key, count = variant.changes_per_key, variant.updated_keys
+    if count > existing:
+        raise SystemExit(f"a batch updating {count:,} keys needs that many existing keys")
+    updates = count * per_key
     offset = index * 7_919 % existing
-    picks = spark.range(0, batch, 1, 4)
-    i = F.col("id")
-    key = F.when(i < updates, (i * PERMUTE + offset) % existing).otherwise(existing + i - updates)
-    frame = _values(picks.withColumn("_i", i), key, index + 1).withColumn("_i", i)
+    picks = spark.range(0, variant.events, 1, 4).withColumnRenamed("id", "_i")
+    i = F.col("_i")  # the row number: updates first, each key's changes in a row
+    updated = updated_key(F.floor(i / per_key), count, existing, offset, variant.shape)
+    key = F.when(i < updates, updated).otherwise(existing + i - updates)
+    version = F.lit(index * per_key + 1) + F.when(i < updates, i % per_key).otherwise(0)
+    frame = _values(picks, key, version, carry=("_i",))
     return change_events(
         frame,
         updates,
         sequence=F.lit(first_sequence) + F.col("_i"),
         source_partition=F.col("_i") % 3,
-        source_offset=F.lit(index * batch) + F.col("_i"),
+        source_offset=F.lit(index * variant.batch) + F.col("_i"),
         batch_id=index,
     )
 
@@ -254,14 +314,12 @@ def last_metrics(spark: Any, path: str) -> dict[str, str]:
     return dict(row["operationMetrics"] or {}) if row is not None else {}
 
 
-def measure(
-    spark: Any, runtime: Path, number: int, variant: Variant, batches: int
-) -> dict[str, Any]:
-    """Create the stage's tables, load the current table, MERGE ``batches`` batches into it."""
+def _prepared(spark: Any, number: int, variant: Variant) -> tuple[Any, str, float]:
+    """The stage of a fresh flow, its tables created as the stage does and the measured one
+    loaded: (stage, that table's path, seconds the load took)."""
     from pipelines.catalog.state import FlowState
     from pipelines.identity import FlowIdentity, write_identity
     from pipelines.settings import load_settings
-    from pipelines.silver.parse import EVENT_METADATA
     from pipelines.stages.silver import SilverStage
 
     settings = load_settings()
@@ -271,81 +329,144 @@ def measure(
     stage = SilverStage(spec, settings, None, lambda _commit: None)
     stage.prepare(spark)
     history = variant.table == "history"
-    current = stage.history_path if history else stage.current_path
-    assert current is not None
+    path = stage.history_path if history else stage.current_path
+    assert path is not None
     dv = "true" if variant.deletion_vectors else "false"
     spark.sql(
-        f"ALTER TABLE delta.`{current}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{dv}')"
+        f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = '{dv}')"
     )
     if history:
-        load_seconds = load_history(spark, stage.events_path, current, variant.keys)
+        load_seconds = load_history(spark, stage.events_path, path, variant.keys)
     else:
-        load_seconds = load_current(spark, current, variant.keys)
-    say(f"{variant.label}: loaded in {load_seconds:.1f} s, {file_count(spark, current)} files")
-    previous = {k: spark.conf.get(k, None) for k in variant.conf}
-    for key, value in variant.conf.items():
-        spark.conf.set(key, value)
+        load_seconds = load_current(spark, path, variant.keys)
+    say(f"{variant.label}: loaded in {load_seconds:.1f} s, {file_count(spark, path)} files")
+    return stage, path, load_seconds
+
+
+def _timed_batch(
+    stage: Any, spark: Any, variant: Variant, index: int, existing: int
+) -> tuple[float, list[Any]]:
+    """One batch through the stage's MERGE path: (seconds of that call only, its writes)."""
+    from pipelines.silver.parse import EVENT_METADATA
+
+    history = variant.table == "history"
+    events = events_batch(spark, index, existing, variant, (index + 1) * 10**10)
+    events = events.select(*[*stage.silver.columns(), *EVENT_METADATA]).persist()
+    events.count()
+    if history:  # the stage appends the batch's events before the history MERGE
+        events.write.format("delta").mode("append").save(stage.events_path)
+    started = time.monotonic()
+    # no deletes in the batch: the stage skips the deleted-keys MERGE, so does this
+    writes = stage._merge_history(events, index) if history else stage._merge(events, index, False)
+    seconds = time.monotonic() - started
+    events.unpersist()
+    return seconds, writes
+
+
+def measure(
+    spark: Any, runtime: Path, number: int, variant: Variant, batches: int
+) -> dict[str, Any]:
+    """Create the stage's tables, load the measured one, MERGE ``batches`` batches into it
+    (OPTIMIZE on its schedule), then count its files and read it with delta-rs."""
+    from pipelines.catalog.roles import TableRole
+    from pipelines.delta_writes import session_confs
+
+    stage, path, load_seconds = _prepared(spark, number, variant)
+    history = variant.table == "history"
+    table = stage.written[TableRole.HISTORY if history else TableRole.CURRENT][0]
     runs: list[dict[str, Any]] = []
+    optimizations: list[dict[str, Any]] = []
     existing = variant.keys
-    try:
+    with session_confs(spark, variant.conf):
         for index in range(batches):
-            events = events_batch(spark, index, existing, variant.batch, (index + 1) * 10**10)
-            events = events.select(*[*spec.silver.columns(), *EVENT_METADATA]).persist()
-            events.count()
-            if history:  # the stage appends the batch's events before the history MERGE
-                events.write.format("delta").mode("append").save(stage.events_path)
-            started = time.monotonic()
-            writes = stage._merge_history(events, index) if history else stage._merge(events, index)
-            seconds = time.monotonic() - started
-            events.unpersist()
-            metrics = last_metrics(spark, current)
-            existing += int(variant.batch * NEW_FRACTION)
-            run = {
-                "batch": index,
-                "seconds": round(seconds, 3),
-                "upserts_per_second": round(variant.batch / seconds, 1),
-                "table_rows_before": existing - int(variant.batch * NEW_FRACTION),
-                "writes": [w.to_dict() for w in writes],
-                "inserted": int(metrics.get("numTargetRowsInserted", 0)),
-                "updated": int(metrics.get("numTargetRowsUpdated", 0)),
-                "files_added": int(metrics.get("numTargetFilesAdded", 0)),
-                "files_removed": int(metrics.get("numTargetFilesRemoved", 0)),
-                "dv_added": int(metrics.get("numTargetDeletionVectorsAdded", 0)),
-                "bytes_added": int(metrics.get("numTargetBytesAdded", 0)),
-                "scan_ms": int(metrics.get("scanTimeMs", 0)),
-                "rewrite_ms": int(metrics.get("rewriteTimeMs", 0)),
-            }
-            updates = variant.batch - int(variant.batch * NEW_FRACTION)
-            # history: an update closes a version (updated) and opens one (inserted)
-            expected = (
-                updates,
-                int(variant.batch * NEW_FRACTION) + (updates if history else 0),
-            )
-            if (run["updated"], run["inserted"]) != expected:
-                raise SystemExit(
-                    f"MERGE changed {run['updated']} / inserted {run['inserted']}, expected {expected}"
-                )
+            seconds, writes = _timed_batch(stage, spark, variant, index, existing)
+            run = _batch_run(spark, path, variant, index, seconds, existing, history)
+            run["writes"] = [w.to_dict() for w in writes]
+            existing += variant.inserts
             print(BATCH_PREFIX + json.dumps({"variant": variant.label, **run}), flush=True)
             runs.append(run)
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-    files = file_count(spark, current)
+            if variant.optimize_every and (index + 1) % variant.optimize_every == 0:
+                optimizations.append(_optimize(spark, table, index))
+    files = file_count(spark, path)
+    read = delta_rs_read(path)
     shutil.rmtree(runtime / "lake" / "silver", ignore_errors=True)  # keep the disk small
     return {
+        **{k: getattr(variant, k) for k in ("table", "keys", "batch", "shape", "conf")},
         "variant": variant.label,
-        "table": variant.table,
-        "keys": variant.keys,
-        "batch": variant.batch,
+        "events_per_batch": variant.events,
+        "changes_per_key": variant.changes_per_key,
         "deletion_vectors": variant.deletion_vectors,
-        "conf": variant.conf,
         "load_seconds": round(load_seconds, 1),
         "files_after": files,
+        "optimizations": optimizations,
+        "delta_rs_read": read,
         "runs": runs,
     }
+
+
+def _batch_run(
+    spark: Any,
+    path: str,
+    variant: Variant,
+    index: int,
+    seconds: float,
+    existing: int,
+    history: bool,
+) -> dict[str, Any]:
+    """One batch's figures from the MERGE's own metrics, checked against what it must have done."""
+    metrics = last_metrics(spark, path)
+    run = {
+        "batch": index,
+        "seconds": round(seconds, 3),
+        "upserts_per_second": round(variant.events / seconds, 1),
+        "table_rows_before": existing,
+        "inserted": int(metrics.get("numTargetRowsInserted", 0)),
+        "updated": int(metrics.get("numTargetRowsUpdated", 0)),
+        "files_added": int(metrics.get("numTargetFilesAdded", 0)),
+        "files_removed": int(metrics.get("numTargetFilesRemoved", 0)),
+        "dv_added": int(metrics.get("numTargetDeletionVectorsAdded", 0)),
+        "bytes_added": int(metrics.get("numTargetBytesAdded", 0)),
+        "scan_ms": int(metrics.get("scanTimeMs", 0)),
+        "rewrite_ms": int(metrics.get("rewriteTimeMs", 0)),
+    }
+    # current: one row per updated key; history: each change of an updated key opens a version
+    # (every change renames the customer) and the key's open version is closed
+    opened = variant.updated_keys * variant.changes_per_key if history else 0
+    expected = (variant.updated_keys, variant.inserts + opened)
+    if (run["updated"], run["inserted"]) != expected:
+        raise SystemExit(
+            f"{variant.label}: MERGE of batch {index} updated {run['updated']} / inserted "
+            f"{run['inserted']}, expected {expected}"
+        )
+    return run
+
+
+def _optimize(spark: Any, table: Any, index: int) -> dict[str, Any]:
+    """Maintenance's OPTIMIZE of the table, timed (it runs on the stream's schedule)."""
+    from pipelines.maintenance import run_optimize
+
+    started = time.monotonic()
+    files = run_optimize(spark, table)
+    seconds = round(time.monotonic() - started, 3)
+    say(f"OPTIMIZE after batch {index}: {seconds} s, files -{files['removed']} +{files['added']}")
+    return {"after_batch": index, "seconds": seconds, **files}
+
+
+def delta_rs_read(path: str) -> dict[str, Any]:
+    """A full read of the table with delta-rs, deletion vectors applied: rows and seconds. Its
+    ``QueryBuilder`` (DataFusion), as a user's non-Spark reader would: the plain
+    ``to_pyarrow_table`` refuses tables with the deletion-vectors feature."""
+    import pyarrow as pa
+    from deltalake import DeltaTable as RsTable
+    from deltalake import QueryBuilder
+
+    started = time.monotonic()
+    try:
+        builder = QueryBuilder().register("t", RsTable(path))
+        rows = pa.table(builder.execute("SELECT * FROM t").read_all()).num_rows
+    except Exception as error:  # the figure a reader would get: that it cannot read the table
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    return {"rows": rows, "seconds": round(time.monotonic() - started, 3)}
 
 
 def child_main(argv: list[str]) -> int:
@@ -361,9 +482,7 @@ def child_main(argv: list[str]) -> int:
     runtime = load_settings().runtime_dir
     results = []
     for number, raw in enumerate(plan["variants"]):
-        variant = Variant(
-            raw["keys"], raw["batch"], raw["deletion_vectors"], raw["conf"], raw["table"]
-        )
+        variant = Variant(**raw)
         results.append(measure(spark, runtime, number, variant, plan["batches"]))
     conf = {
         k: spark.conf.get(k)
@@ -398,10 +517,14 @@ def plan_of(
     dv_modes: list[bool],
     confs: list[dict[str, str]],
     tables: tuple[str, ...] = ("current",),
+    shapes: tuple[str, ...] = ("uniform",),
+    changes_per_key: int = 1,
+    optimize_every: int = 0,
 ) -> list[Variant]:
     return [
-        Variant(k, b, dv, c, t)
+        Variant(k, b, dv, c, t, shape, changes_per_key, optimize_every)
         for t in tables
+        for shape in shapes
         for k in keys
         for b in batches_sizes
         for c in confs
@@ -422,93 +545,7 @@ def run_merge_throughput(
     with Child(command, env, log) as child:
         child.wait_ok(6 * 3600)
         report = last_json_line(child.output(), RESULT_PREFIX)
-    return _outcome(report, batches)
-
-
-def _stats(runs: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
-    values = [float(r[key]) for r in runs]
-    return min(values), median(values), max(values)
-
-
-def _outcome(report: dict[str, Any], batches: int) -> Outcome:
-    rows: list[Row] = []
-    results = report["results"]
-    for result in results:
-        lo, mid, hi = _stats(result["runs"], "upserts_per_second")
-        s_lo, s_mid, s_hi = _stats(result["runs"], "seconds")
-        last = result["runs"][-1]
-        how = (f"DV added {last['dv_added']}, " if result["deletion_vectors"] else "") + (
-            f"files +{last['files_added']}/-{last['files_removed']}, "
-            f"{last['bytes_added'] / 1e6:,.0f} MB written, scan {last['scan_ms'] / 1000:.1f} s, "
-            f"rewrite {last['rewrite_ms'] / 1000:.1f} s (last batch)"
-        )
-        rows.append(
-            Row(
-                "merge_throughput",
-                f"{result['variant']}: upserts/s min / median / max",
-                f"{lo:,.0f} / {mid:,.0f} / {hi:,.0f}",
-                f"{batches} batches of {s_lo:.1f} / {s_mid:.1f} / {s_hi:.1f} s; {how}; "
-                f"initial load {result['load_seconds']} s",
-            )
-        )
-    rows += _ratios(results)
-    extra = _every_batch(results)
-    return Outcome(rows, report, extra)
-
-
-def _median_seconds(result: dict[str, Any]) -> float:
-    return median([float(r["seconds"]) for r in result["runs"]])
-
-
-def _ratios(results: list[dict[str, Any]]) -> list[Row]:
-    rows = []
-    by = {
-        (r["keys"], r["batch"], r["deletion_vectors"], json.dumps(r["conf"]), r.get("table")): r
-        for r in results
-    }
-    for (keys, batch, dv, conf, table), result in by.items():
-        if dv and (keys, batch, False, conf, table) in by:
-            plain = by[(keys, batch, False, conf, table)]
-            rows.append(
-                Row(
-                    "merge_throughput",
-                    f"DV / no DV, {table}, {keys:,} keys, batch {batch:,}"
-                    + (f", {conf}" if conf != "{}" else ""),
-                    f"{_median_seconds(plain) / _median_seconds(result):.2f}x upserts/s",
-                    "median batch times",
-                )
-            )
-    sizes = sorted({r["keys"] for r in results})
-    for (keys, batch, dv, conf, table), result in by.items():
-        if keys == sizes[0] or (sizes[0], batch, dv, conf, table) not in by:
-            continue
-        small = by[(sizes[0], batch, dv, conf, table)]
-        rows.append(
-            Row(
-                "merge_throughput",
-                f"{table} batch time {keys:,} / {sizes[0]:,} keys, batch {batch:,}, "
-                f"{'DV' if dv else 'no DV'}",
-                f"{_median_seconds(result) / _median_seconds(small):.2f}x",
-                f"table {keys / sizes[0]:.0f}x larger; median batch times",
-            )
-        )
-    return rows
-
-
-def _every_batch(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "| table | batch | seconds | upserts/s | updated | inserted | files +/- | DVs | MB written | scan s | rewrite s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for result in results:
-        for r in result["runs"]:
-            lines.append(
-                f"| {result['variant']} | {r['batch']} | {r['seconds']:.1f} | "
-                f"{r['upserts_per_second']:,.0f} | {r['updated']:,} | {r['inserted']:,} | "
-                f"{r['files_added']}/{r['files_removed']} | {r['dv_added']} | "
-                f"{r['bytes_added'] / 1e6:,.0f} | {r['scan_ms'] / 1000:.1f} | {r['rewrite_ms'] / 1000:.1f} |"
-            )
-    return "\n".join(lines)
+    return outcome_of(report, batches)
 
 
 if __name__ == "__main__":

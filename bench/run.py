@@ -39,7 +39,7 @@ from bench.join import run_gold_join
 from bench.latency import LATENCY_RUNNERS, run_latency
 from bench.latency import Plan as LatencyPlan
 from bench.machine import load_average, machine_facts, versions
-from bench.merge import parse_conf, plan_of, run_merge_throughput
+from bench.merge import SHAPES, parse_conf, plan_of, run_merge_throughput
 from bench.optimize import Plan, run_optimize_reads
 from bench.orders import Pace
 from bench.own_broker import broker_outcome, start_broker, stop_broker
@@ -197,7 +197,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         nargs="+",
         default=[500_000],
-        help="merge_throughput: upserts per batch (20%% new keys, 80%% updates)",
+        help="merge_throughput: change events per batch (20%% inserts of new keys, 80%% updates "
+        "of existing keys, --merge-changes-per-key each)",
     )
     parser.add_argument("--merge-batches", type=int, default=3, help="merge_throughput: batches")
     parser.add_argument(
@@ -211,6 +212,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("current", "history", "both"),
         default="current",
         help="merge_throughput: MERGE into a current-state (SCD1) or a history (SCD2) table",
+    )
+    parser.add_argument(
+        "--merge-shape",
+        nargs="+",
+        choices=SHAPES,
+        default=["uniform"],
+        help="merge_throughput: updated keys spread over all keys, or 80%% of them on the 10%% "
+        "most recently inserted",
+    )
+    parser.add_argument(
+        "--merge-changes-per-key",
+        type=int,
+        default=1,
+        help="merge_throughput: changes of each updated key within a batch",
+    )
+    parser.add_argument(
+        "--merge-optimize-every",
+        type=int,
+        default=0,
+        help="merge_throughput: OPTIMIZE the table every N batches, timed (0: never)",
     )
     parser.add_argument(
         "--merge-conf",
@@ -413,7 +434,10 @@ class Bench:
         dv = {"off": [False], "on": [True], "both": [False, True]}[a.merge_dv]
         confs = [parse_conf([i for i in c.split(",") if i.strip()]) for c in a.merge_conf or [""]]
         tables = ("current", "history") if a.merge_table == "both" else (a.merge_table,)
-        variants = plan_of(a.merge_keys, a.merge_batch, dv, confs, tables)
+        variants = plan_of(
+            a.merge_keys, a.merge_batch, dv, confs, tables,
+            tuple(a.merge_shape), a.merge_changes_per_key, a.merge_optimize_every,
+        )  # fmt: skip
         outcome = run_merge_throughput(self.workdir, self.jars_dir, variants, a.merge_batches)
         self.record("merge_throughput", outcome)
 
