@@ -179,10 +179,10 @@ chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 sto
 		tests/integration/test_gold.py::test_gold_is_exact_after_kills_during_stateful_batches \
 		tests/e2e/test_cluster.py::test_executor_worker_and_driver_killed_mid_batch_lose_nothing
 
-bench: setup ## Full benchmark run (~40 min): regenerates BENCHMARKS.md and bench/results/
+bench: setup ## Full benchmark run (~2 h: bronze, silver freshness, MERGE at 10M keys): regenerates BENCHMARKS.md
 	$(PY) bench/run.py --write-benchmarks
 
-bench-quick: setup ## Smoke run of the benchmarks (~2 min): every runner, same rows and offsets
+bench-quick: setup ## Smoke run of the benchmarks (~6 min): every runner, same rows and offsets
 	$(PY) bench/run.py --quick
 
 clean: broker-stop s3-stop cluster-stop postgres-stop ## Stop every local service, delete the runtime folder (keeps the venv)

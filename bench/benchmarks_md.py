@@ -22,7 +22,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import PROJECT_ROOT
+from bench.merge_report import targets as merge_targets
 from bench.report import run_header
+from bench.silver_latency import targets as silver_targets
 
 PLOTS_DIR = PROJECT_ROOT / "bench" / "results"
 RUNNER_LABELS = {
@@ -86,6 +88,10 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     rows.append(("p99 produce → visible in bronze <= 2 s at 500 events/s, "
                                  f"table >= {latency['plan']['table_rows']:,} rows",
                                  f"{p99:,.0f} ms", "met" if p99 <= 2000 else "**not met**"))  # fmt: skip
+    if "silver_latency" in results:
+        rows += silver_targets(results["silver_latency"]["results"])
+    if "merge_throughput" in results:
+        rows += merge_targets(results["merge_throughput"]["results"])
     return rows
 
 

@@ -138,3 +138,41 @@ def _every_batch(results: list[dict[str, Any]]) -> str:
                 f"{r['bytes_added'] / 1e6:,.0f} | {r['scan_ms'] / 1000:.1f} | {r['rewrite_ms'] / 1000:.1f} |"
             )
     return "\n".join(lines)
+
+
+#: Issue 25's MERGE targets: change events/s into a current table of at least this many keys, by
+#: shape (OPTIMIZE on its schedule included); and history against current on the same batches.
+MERGE_TARGET_KEYS = 10_000_000
+MERGE_TARGETS = {"uniform": 30_000.0, "recent": 50_000.0}
+HISTORY_RATIO_TARGET = 0.35
+
+
+def targets(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) for issue 25's MERGE and history targets this run measured."""
+    rows: list[tuple[str, str, str]] = []
+    for r in results:
+        goal = MERGE_TARGETS.get(r.get("shape", "uniform"))
+        if r["table"] != "current" or r["keys"] < MERGE_TARGET_KEYS or goal is None:
+            continue
+        rate = overall_rate(r)
+        rows.append((
+            f"MERGE >= {goal:,.0f} change events/s into a {r['keys']:,}-key current table, "
+            f"{r.get('shape', 'uniform')} updates, OPTIMIZE included",
+            f"{rate:,.0f}/s", "met" if rate >= goal else "**not met**",
+        ))  # fmt: skip
+    for history in (r for r in results if r["table"] == "history"):
+        same = ("keys", "batch", "shape", "changes_per_key", "deletion_vectors", "conf")
+        current = next(
+            (r for r in results if r["table"] == "current"
+             and all(r.get(k) == history.get(k) for k in same)),
+            None,
+        )  # fmt: skip
+        if current is None:
+            continue
+        ratio = overall_rate(history) / overall_rate(current)
+        rows.append((
+            f"history >= {HISTORY_RATIO_TARGET}x the current MERGE's change events/s, same "
+            f"batches ({history['keys']:,} keys)",
+            f"{ratio:.2f}x", "met" if ratio >= HISTORY_RATIO_TARGET else "**not met**",
+        ))  # fmt: skip
+    return rows

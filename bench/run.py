@@ -1,5 +1,6 @@
-"""Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency;
-on request (``--only``) silver's MERGE throughput and latency, reads before / after OPTIMIZE, and
+"""Conflux benchmarks: broker start, Spark session start, bronze throughput, end-to-end latency,
+silver's freshness as the rate rises and its MERGE throughput at 10M keys (issue 25's targets);
+on request (``--only``) reads before / after OPTIMIZE, and
 the local disk against an S3 store (``store``: the benchmark's own s3proxy on loopback; and
 ``silver_store``: silver's produce → visible latency on each), and local mode against the
 project's Spark cluster (``cluster``: bronze throughput at the ``--store-*`` sizes, silver at
@@ -71,8 +72,6 @@ BENCHMARKS = (
 )
 #: Run only when named with --only (long, and about silver rather than the bronze baseline).
 ON_REQUEST = {
-    "merge_throughput",
-    "silver_latency",
     "optimize_reads",
     "rules_throughput",
     "gold_stateful",
@@ -108,6 +107,15 @@ QUICK: dict[str, Any] = {
     "store_table_rows": 5_000,
     "store_appends": 5,
     "store_renews": 20,
+    "silver_rates": [500.0],
+    "silver_seconds": 5.0,
+    "silver_warmup": 2.0,
+    "merge_keys": [20_000],
+    "merge_batch": [4_000],
+    "merge_batches": 2,
+    "merge_history_keys": [10_000],
+    "merge_history_batch": 4_000,
+    "merge_optimize_every": 2,
 }
 
 
@@ -189,7 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--merge-keys",
         type=int,
         nargs="+",
-        default=[1_000_000, 10_000_000],
+        default=[10_000_000],
         help="merge_throughput: live keys in the current table before the batches",
     )
     parser.add_argument(
@@ -200,12 +208,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="merge_throughput: change events per batch (20%% inserts of new keys, 80%% updates "
         "of existing keys, --merge-changes-per-key each)",
     )
-    parser.add_argument("--merge-batches", type=int, default=3, help="merge_throughput: batches")
+    parser.add_argument("--merge-batches", type=int, default=20, help="merge_throughput: batches")
     parser.add_argument(
         "--merge-dv",
         choices=("off", "on", "both"),
-        default="both",
-        help="merge_throughput: deletion vectors on the current table",
+        default="on",
+        help="merge_throughput: deletion vectors on the current table (on: the stage's default)",
     )
     parser.add_argument(
         "--merge-table",
@@ -217,20 +225,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--merge-shape",
         nargs="+",
         choices=SHAPES,
-        default=["uniform"],
+        default=list(SHAPES),
         help="merge_throughput: updated keys spread over all keys, or 80%% of them on the 10%% "
         "most recently inserted",
     )
     parser.add_argument(
         "--merge-changes-per-key",
         type=int,
-        default=1,
+        default=2,
         help="merge_throughput: changes of each updated key within a batch",
+    )
+    parser.add_argument(
+        "--merge-history-keys",
+        type=int,
+        nargs="*",
+        default=[1_000_000],
+        help="merge_throughput: key counts at which a history table and a current table are "
+        "measured on the same batches (uniform shape, --merge-history-batch changes each)",
+    )
+    parser.add_argument(
+        "--merge-history-batch",
+        type=int,
+        default=100_000,
+        help="merge_throughput: change events per batch of the --merge-history-keys tables",
     )
     parser.add_argument(
         "--merge-optimize-every",
         type=int,
-        default=0,
+        default=10,
         help="merge_throughput: OPTIMIZE the table every N batches, timed (0: never)",
     )
     parser.add_argument(
@@ -244,8 +266,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--silver-designs",
         nargs="+",
         choices=("stream", "bronze_batch"),
-        default=["stream", "bronze_batch"],
-        help="silver_latency: chaining designs",
+        default=["bronze_batch"],
+        help="silver_latency: chaining designs (stream, the default chaining, was measured against "
+        "bronze_batch in bench/HISTORY.md)",
     )
     parser.add_argument(
         "--silver-store-design",
@@ -255,9 +278,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(at --silver-pace, trigger the first of --silver-intervals)",
     )
     parser.add_argument(
-        "--silver-history",
-        action="store_true",
-        help="silver_latency: the flow keeps a history table too; its latency is measured",
+        "--silver-rates",
+        type=float,
+        nargs="+",
+        default=[500.0, 2_000.0, 5_000.0],
+        help="silver_latency: change events/s, each measured for --silver-seconds",
+    )
+    parser.add_argument(
+        "--silver-seconds",
+        type=float,
+        default=600.0,
+        help="silver_latency: seconds measured per rate, after --silver-warmup",
+    )
+    parser.add_argument(
+        "--silver-warmup", type=float, default=60.0, help="silver_latency: seconds not measured"
+    )
+    parser.add_argument(
+        "--silver-history-rates",
+        type=float,
+        nargs="*",
+        default=[500.0],
+        help="silver_latency: rates of --silver-rates measured once more with a history table "
+        "in the flow (its own latency too)",
     )
     parser.add_argument(
         "--silver-intervals",
@@ -438,6 +480,11 @@ class Bench:
             a.merge_keys, a.merge_batch, dv, confs, tables,
             tuple(a.merge_shape), a.merge_changes_per_key, a.merge_optimize_every,
         )  # fmt: skip
+        paired = plan_of(
+            a.merge_history_keys, [a.merge_history_batch], dv, confs, ("current", "history"),
+            ("uniform",), a.merge_changes_per_key, a.merge_optimize_every,
+        )  # fmt: skip
+        variants += [v for v in paired if v not in variants]
         outcome = run_merge_throughput(self.workdir, self.jars_dir, variants, a.merge_batches)
         self.record("merge_throughput", outcome)
 
@@ -451,8 +498,8 @@ class Bench:
         a = self.args
         outcome = run_silver_latency(
             self.workdir, self.jars_dir, bootstrap,
-            Pace(a.silver_pace[0], a.silver_pace[1], a.latency_warmup),
-            a.silver_designs, a.silver_intervals, a.silver_history,
+            [Pace(rate, a.silver_seconds, a.silver_warmup) for rate in a.silver_rates],
+            a.silver_designs, a.silver_intervals, a.silver_history_rates,
         )  # fmt: skip
         self.record("silver_latency", outcome)
 

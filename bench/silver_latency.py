@@ -13,9 +13,12 @@ A reader thread polls the current table with delta-rs (``DeltaTable.update_incre
 lsn`` (keys only move forward: there are no deletes). Latency = that version's first-seen time minus
 produce time, for the events after the warm-up.
 
-Designs compared in one run, each with a fresh flow, topic and runner: ``chaining: stream`` (silver
-as its own query reading the bronze table) and ``chaining: bronze_batch`` (silver written in
-bronze's ``foreachBatch``), for each trigger interval asked for.
+Each rate asked for (``--silver-rates``, issue 25: 500, 2,000 and 5,000 changes/s, ten minutes
+each after a minute of warm-up) runs with a fresh flow, topic and runner, for each trigger interval
+and chaining design asked for: ``chaining: bronze_batch`` (silver written in bronze's
+``foreachBatch``, the fresher) by default, ``chaining: stream`` (silver as its own query reading
+the bronze table) on request. At the rates of ``--silver-history-rates`` the flow runs once more
+with a history table, whose latency is measured from the same events.
 
 ``silver_store`` (:func:`run_silver_store`): one design, the same rate and duration, run twice in
 one run: the lake and checkpoints on the local disk, then on the benchmark's own S3 store
@@ -31,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,44 +354,48 @@ def run_silver_latency(
     workdir: Path,
     jars_dir: Path,
     bootstrap: str,
-    pace: Pace,
+    paces: Sequence[Pace],
     designs: list[str],
     intervals: list[str],
-    history: bool = False,
+    history_rates: Sequence[float] = (),
 ) -> Outcome:
+    """Each pace with each trigger interval and chaining design, a fresh flow each; at the rates
+    of ``history_rates`` once more with a history table in the flow (its latency measured too)."""
+    runs = [(pace, False) for pace in paces]
+    runs += [(pace, True) for pace in paces if pace.rate in history_rates]
     results = []
-    n = 0
-    for interval in intervals:
-        for chaining in designs:
-            results.append(
-                run_design(
-                    workdir, jars_dir, bootstrap, pace, chaining, interval, n, history=history
-                )
-            )
-            say(f"silver_latency: {json.dumps(results[-1])}")
-            n += 1
-    return _outcome(results, pace)
+    for pace, history in runs:
+        for interval in intervals:
+            for chaining in designs:
+                result = run_design(
+                    workdir, jars_dir, bootstrap, pace, chaining, interval, len(results),
+                    history=history,
+                )  # fmt: skip
+                results.append({**result, "pace": asdict(pace), "history": history})
+                say(f"silver_latency: {json.dumps(results[-1])}")
+    return _outcome(results)
 
 
 def _ms(stats: dict[str, float]) -> str:
     return " / ".join(f"{stats[k]:,.0f}" for k in ("p50", "p95", "p99", "max"))
 
 
-def _outcome(results: list[dict[str, Any]], pace: Pace) -> Outcome:
+def _outcome(results: list[dict[str, Any]]) -> Outcome:
     rows = []
     for r in results:
+        pace = r["pace"]
         batches = "; ".join(
             f"{stage} batches {b['batches']}, median {b['median']:,.0f} ms, max {b['max']:,.0f} ms"
             for stage, b in r["batch_ms"].items()
         )
+        run = _run_label(r)
         rows.append(
             Row(
                 "silver_latency",
-                f"chaining {r['chaining']}, trigger {r['interval']}: produce → current table "
-                "seen by delta-rs, p50 / p95 / p99 / max",
+                f"{run}: produce → current table seen by delta-rs, p50 / p95 / p99 / max",
                 f"{_ms(r['latency_ms'])} ms",
-                f"{r['events']:,} events at {pace.rate:g}/s for {pace.seconds:g} s after a "
-                f"{pace.warmup:g} s warm-up; {r['versions_while_measuring']} table versions; "
+                f"{r['events']:,} events at {pace['rate']:g}/s for {pace['seconds']:g} s after a "
+                f"{pace['warmup']:g} s warm-up; {r['versions_while_measuring']} table versions; "
                 f"{batches}; graceful stop {r['graceful_stop_seconds']} s",
             )
         )
@@ -395,31 +403,64 @@ def _outcome(results: list[dict[str, Any]], pace: Pace) -> Outcome:
             rows.append(
                 Row(
                     "silver_latency",
-                    f"chaining {r['chaining']}, trigger {r['interval']}: produce → history "
-                    "table seen by delta-rs, p50 / p95 / p99 / max",
+                    f"{run}: produce → history table seen by delta-rs, p50 / p95 / p99 / max",
                     f"{_ms(r['history_latency_ms'])} ms",
                     "the same run and events: every update opens a version at its lsn",
                 )
             )
-    by = {(r["chaining"], r["interval"]): r for r in results}
-    for (chaining, interval), r in by.items():
-        if chaining == "bronze_batch" and ("stream", interval) in by:
-            s = by[("stream", interval)]["latency_ms"]
+    by = {(r["chaining"], r["interval"], r["pace"]["rate"], r["history"]): r for r in results}
+    for (chaining, interval, rate, history), r in by.items():
+        if chaining == "bronze_batch" and ("stream", interval, rate, history) in by:
+            s = by[("stream", interval, rate, history)]["latency_ms"]
             b = r["latency_ms"]
             rows.append(
                 Row(
                     "silver_latency",
-                    f"ratio stream / bronze_batch, trigger {interval}",
+                    f"ratio stream / bronze_batch, {rate:g}/s, trigger {interval}"
+                    + (", with a history table" if history else ""),
                     " / ".join(f"{s[k] / b[k]:.2f}" for k in ("p50", "p95", "p99")),
                     "p50 / p95 / p99 latency (> 1: bronze_batch is faster)",
                 )
             )
-    data = {"results": results, "pace": asdict(pace)}
-    return Outcome(rows, data)
+    return Outcome(rows, {"results": results})
+
+
+def _run_label(result: dict[str, Any]) -> str:
+    """What one latency run was: its rate, chaining, trigger and whether it kept history."""
+    label = (
+        f"{result['pace']['rate']:g}/s, chaining {result['chaining']}, trigger {result['interval']}"
+    )
+    return label + (", with a history table" if result["history"] else "")
+
+
+#: Issue 25's freshness targets: (table, rate, with a history table, p99 in ms).
+P99_TARGETS_MS = (
+    ("current", 500.0, False, 5_000.0),
+    ("current", 5_000.0, False, 15_000.0),
+    ("history", 500.0, True, 8_000.0),
+)
+
+
+def targets(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict) for issue 25's freshness targets this run measured (the best
+    design at each rate)."""
+    rows: list[tuple[str, str, str]] = []
+    for table, rate, history, goal in P99_TARGETS_MS:
+        key = "history_latency_ms" if table == "history" else "latency_ms"
+        runs = [r for r in results
+                if r["pace"]["rate"] == rate and r["history"] == history and key in r]  # fmt: skip
+        run = min(runs, key=lambda r: r[key]["p99"], default=None)
+        if run is None:
+            continue
+        p99 = run[key]["p99"]
+        rows.append((
+            f"silver: p99 produce → {table} table <= {goal / 1000:g} s at {rate:,.0f} changes/s",
+            f"{p99:,.0f} ms ({run['chaining']})", "met" if p99 <= goal else "**not met**",
+        ))  # fmt: skip
+    return rows
 
 
 # --------------------------------------------------------------------------- silver_store
-
 STORES = ("local", "store")
 
 

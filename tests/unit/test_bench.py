@@ -86,6 +86,52 @@ def test_targets_judge_each_figure_of_the_run() -> None:
     assert verdicts["p99 produce "] == ("2,100 ms", "**not met**")
 
 
+def _latency_run(rate: float, history: bool, p99: float) -> dict[str, object]:
+    stats = {"p50": p99 / 2, "p95": p99 * 0.9, "p99": p99, "max": p99 * 1.1}
+    run: dict[str, object] = {"pace": {"rate": rate, "seconds": 600, "warmup": 60},
+                              "history": history, "chaining": "bronze_batch", "latency_ms": stats}  # fmt: skip
+    if history:
+        run["history_latency_ms"] = {k: v * 2 for k, v in stats.items()}
+    return run
+
+
+def _merge_result(table: str, keys: int, shape: str, seconds: float) -> dict[str, object]:
+    return {"table": table, "keys": keys, "batch": 1000, "events_per_batch": 1000, "shape": shape,
+            "changes_per_key": 2, "deletion_vectors": True, "conf": {},
+            "runs": [{"seconds": seconds}] * 4, "optimizations": [{"seconds": seconds}]}  # fmt: skip
+
+
+def test_silver_targets_judge_freshness_merge_and_history() -> None:
+    """Issue 25's targets in BENCHMARKS.md: the best design's p99 at each rate, the MERGE's
+    events/s at 10M keys per shape with OPTIMIZE's time counted, history against current."""
+    results = {
+        "silver_latency": {"results": [
+            _latency_run(500, False, 4_900), _latency_run(5_000, False, 40_000),
+            _latency_run(500, True, 6_000),
+        ]},
+        "merge_throughput": {"results": [
+            _merge_result("current", 10_000_000, "uniform", 1000 / 35_000),  # 35k/s a batch
+            _merge_result("current", 10_000_000, "recent", 1000 / 70_000),
+            _merge_result("current", 1_000_000, "uniform", 0.1),
+            _merge_result("history", 1_000_000, "uniform", 0.25),  # 0.4x
+        ]},
+    }  # fmt: skip
+    verdicts = {target: (measured, verdict) for target, measured, verdict in targets(results)}
+    assert verdicts["silver: p99 produce → current table <= 5 s at 500 changes/s"] == (
+        "4,900 ms (bronze_batch)", "met")  # fmt: skip
+    assert verdicts["silver: p99 produce → current table <= 15 s at 5,000 changes/s"][1] == (
+        "**not met**")  # fmt: skip
+    assert verdicts["silver: p99 produce → history table <= 8 s at 500 changes/s"] == (
+        "12,000 ms (bronze_batch)", "**not met**")  # fmt: skip
+    merge = {t.split(" into")[0]: (m, v) for t, (m, v) in verdicts.items() if t.startswith("MERGE")}
+    assert merge == {
+        "MERGE >= 30,000 change events/s": ("28,000/s", "**not met**"),  # OPTIMIZE counted
+        "MERGE >= 50,000 change events/s": ("56,000/s", "met"),
+    }
+    history = next(v for t, v in verdicts.items() if t.startswith("history >= 0.35x"))
+    assert history == ("0.40x", "met")
+
+
 def test_markdown_states_command_figures_and_plots() -> None:
     text = markdown(_document())
     assert "do not edit by hand" in text
