@@ -9,8 +9,10 @@ Run it as a script (from any directory; it puts the project root on ``sys.path``
 
 Everything lives under ``Settings.broker_dir`` (``<runtime>/kafka``): ``server.properties``,
 ``cluster.id``, the log data in ``data/``, the logs in ``logs/`` (``broker.out`` holds the JVM's
-stdout/stderr and every WARN+ line, ``server.log`` the full INFO log) and ``broker.json``, the
-state of the running broker. Data survive restarts; ports may change from one start to the next.
+stdout/stderr and every WARN+ line, ``server.log`` the full INFO log), ``broker.json``, the
+state of the running broker, and ``ports.json``, the ports picked at the first start. Data and
+ports survive restarts: every later start listens where the first did, or refuses if that port
+is taken (see broker_ports.py).
 
 Machine-readable results (JSON) go to stdout, messages to stderr. Exit codes: 0 success,
 1 broker failure or not healthy, 2 configuration problem (missing Java or jars, port taken...).
@@ -32,15 +34,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from broker_ports import BrokerPorts, read_recorded, record_ports, select_ports
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from local_service import (  # platform/services/local_service.py
     HOST,
     LOG_TAIL_LINES,
     Command,
-    ensure_port_free,
-    free_ports,
     locked,
     log_tail,
     now,
@@ -106,6 +108,10 @@ class BrokerPaths:
         return self.root / "broker.json"
 
     @property
+    def ports(self) -> Path:
+        return self.root / "ports.json"
+
+    @property
     def cluster_id(self) -> Path:
         return self.root / "cluster.id"
 
@@ -121,7 +127,8 @@ def render_properties(port: int, controller_port: int, data_dir: Path) -> str:
     """``server.properties`` of a single-node combined KRaft broker listening on 127.0.0.1.
 
     The controller quorum is a static voter set of one node, so the controller port may change
-    between restarts without touching the stored metadata.
+    between restarts (``--controller-port``, a deleted ``ports.json``) without touching the stored
+    metadata.
 
     Record size: Kafka's default ``message.max.bytes`` (about 1 MB) rejects larger records with
     ``MSG_SIZE_TOO_LARGE``. Bronze keeps whatever bytes a source sends, so the local broker accepts
@@ -175,20 +182,6 @@ def read_meta_cluster_id(data_dir: Path) -> str | None:
         if sep and key.strip() == "cluster.id":
             return value.strip()
     return None
-
-
-# --------------------------------------------------------------------------- ports
-
-
-def select_ports(port: int | None, controller_port: int | None) -> tuple[int, int]:
-    """The (broker, controller) ports: the requested ones if free, else OS-chosen ones."""
-    if port is not None and port == controller_port:
-        raise ConfigError(f"--port and --controller-port are both {port}: they must differ")
-    for value, option in ((port, "--port"), (controller_port, "--controller-port")):
-        if value is not None:
-            ensure_port_free(value, option)
-    spare = iter(p for p in free_ports(3) if p not in (port, controller_port))
-    return port or next(spare), controller_port or next(spare)
 
 
 # --------------------------------------------------------------------------- processes
@@ -282,17 +275,20 @@ def start_broker(
 ) -> dict[str, Any]:
     """Start the local broker, or return the state of the healthy one already running.
 
-    Raises :class:`ConfigError` (Java, jars, ports) or :class:`BrokerError` (failed start).
+    Without ``port`` / ``controller_port`` it listens on the ports recorded in ``ports.json``
+    (picked free at the first start); given, they move it and are recorded once it is healthy.
+    The ports are checked first, before Java and the jars: a refusal costs no JVM.
+    Raises :class:`ConfigError` (ports, Java, jars) or :class:`BrokerError` (failed start).
     """
-    java = java_executable()
-    check_java(java)
-    require_jars(settings.kafka_jars_dir, "Kafka broker")
     paths = BrokerPaths.of(settings)
     with _locked(paths):
         running = _live_state(paths)
         if running is not None:
-            return _reuse(running, port, timeout)
-        ports = select_ports(port, controller_port)
+            return _reuse(running, paths, port, timeout)
+        ports = select_ports(port, controller_port, paths.ports)
+        java = java_executable()
+        check_java(java)
+        require_jars(settings.kafka_jars_dir, "Kafka broker")
         return _launch(settings, paths, java, ports, timeout)
 
 
@@ -308,7 +304,9 @@ def _live_state(paths: BrokerPaths) -> dict[str, Any] | None:
     return None
 
 
-def _reuse(state: dict[str, Any], port: int | None, timeout: float) -> dict[str, Any]:
+def _reuse(
+    state: dict[str, Any], paths: BrokerPaths, port: int | None, timeout: float
+) -> dict[str, Any]:
     if port is not None and port != state["port"]:
         raise ConfigError(
             f"the broker already runs on port {state['port']} (pid {state['pid']}), not {port}: "
@@ -319,15 +317,17 @@ def _reuse(state: dict[str, Any], port: int | None, timeout: float) -> dict[str,
         wait_until_healthy(state["bootstrap_servers"], timeout, lambda: pid_alive(state["pid"]))
     except (TimeoutError, BrokerError) as exc:
         raise BrokerError(f"{exc}; it runs as pid {state['pid']}: see {state['log_file']}") from exc
-    return {**state, "already_running": True, "healthy": True}
+    if read_recorded(paths.ports) is None:  # started before ports were recorded
+        record_ports(paths.ports, BrokerPorts(state["port"], state["controller_port"]))
+    return {**state, "already_running": True, "healthy": True, "ports_file": str(paths.ports)}
 
 
 def _launch(
-    settings: Settings, paths: BrokerPaths, java: str, ports: tuple[int, int], timeout: float
+    settings: Settings, paths: BrokerPaths, java: str, ports: BrokerPorts, timeout: float
 ) -> dict[str, Any]:
     classpath = str(settings.kafka_jars_dir / "*")
     paths.logs.mkdir(parents=True, exist_ok=True)
-    paths.properties.write_text(render_properties(*ports, paths.data))
+    paths.properties.write_text(render_properties(ports.port, ports.controller_port, paths.data))
     formatted = ensure_formatted(paths, java, classpath)
     offsets = _log_sizes(paths)
     started = time.monotonic()
@@ -340,7 +340,33 @@ def _launch(
         _abort(paths, process.pid)
         raise BrokerError(f"{exc}\n{_tail_report(paths, offsets)}") from exc
     ready = round(time.monotonic() - started, 2)
-    return {**state, "healthy": True, "formatted_storage": formatted, "ready_seconds": ready}
+    _remember(paths, ports)
+    return {
+        **state,
+        "healthy": True,
+        "formatted_storage": formatted,
+        "ready_seconds": ready,
+        "ports_file": str(paths.ports),
+    }
+
+
+def _remember(paths: BrokerPaths, ports: BrokerPorts) -> None:
+    """Record the ports of a healthy start (only then: a start that failed on a port it had
+    just picked must not make the next one insist on it)."""
+    recorded = read_recorded(paths.ports)
+    if recorded == ports:
+        return
+    record_ports(paths.ports, ports)
+    if recorded is None:
+        say(
+            f"recorded ports {ports.port} (clients) and {ports.controller_port} (controller) in "
+            f"{paths.ports}: every later start listens there"
+        )
+    elif recorded.port != ports.port:
+        say(
+            f"the broker moved from {recorded.bootstrap_servers} to {ports.bootstrap_servers} "
+            f"(recorded in {paths.ports}): clients given the old address must be changed"
+        )
 
 
 def ensure_formatted(paths: BrokerPaths, java: str, classpath: str) -> bool:
@@ -373,12 +399,12 @@ def _spawn(paths: BrokerPaths, java: str, classpath: str) -> subprocess.Popen[by
     return spawn_logged(command, paths.log_file, paths.root)
 
 
-def _new_state(paths: BrokerPaths, pid: int, ports: tuple[int, int]) -> dict[str, Any]:
+def _new_state(paths: BrokerPaths, pid: int, ports: BrokerPorts) -> dict[str, Any]:
     return {
         "pid": pid,
-        "port": ports[0],
-        "controller_port": ports[1],
-        "bootstrap_servers": f"{HOST}:{ports[0]}",
+        "port": ports.port,
+        "controller_port": ports.controller_port,
+        "bootstrap_servers": ports.bootstrap_servers,
         "log_file": str(paths.log_file),
         "started_at": now(),
     }
@@ -418,30 +444,39 @@ def stop_broker(settings: Settings, timeout: float = 30.0) -> bool:
             return False
         live = state_is_live(state, paths)
         if live:
-            _stop_process(state["pid"], timeout)
+            _stop_process(state["pid"], state.get("bootstrap_servers"), timeout)
         else:
             say(f"removing stale {paths.state} (process {state.get('pid')} is gone)")
         paths.state.unlink(missing_ok=True)
+        recorded = read_recorded(paths.ports)
+        if recorded is not None:
+            say(f"its next start listens on {recorded.bootstrap_servers} again ({paths.ports})")
         return live
 
 
-def _stop_process(pid: int, timeout: float) -> None:
+def _stop_process(pid: int, bootstrap: str | None, timeout: float) -> None:
     started = time.monotonic()
     clean = terminate(pid, timeout)
     seconds = time.monotonic() - started
     how = "shut down cleanly" if clean else f"killed after {timeout:.0f} s without exiting"
-    say(f"broker pid {pid} {how} ({seconds:.1f} s)")
+    say(f"broker pid {pid} at {bootstrap} {how} ({seconds:.1f} s)")
 
 
 def broker_status(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
-    """The broker state plus ``running``, ``healthy`` and, for a dead pid, ``stale``."""
+    """The broker state plus ``running``, ``healthy`` and, for a dead pid, ``stale``; when none
+    runs, ``next_bootstrap_servers``: where its next start listens (if its ports are recorded)."""
     paths = BrokerPaths.of(settings)
     state = read_state(paths)
-    if state is None:
-        return {"running": False, "healthy": False, "state_file": str(paths.state)}
-    if not state_is_live(state, paths):
-        return {**state, "running": False, "healthy": False, "stale": True}
-    return {**state, "running": True, "healthy": probe(state["bootstrap_servers"], timeout)}
+    if state is not None and state_is_live(state, paths):
+        return {**state, "running": True, "healthy": probe(state["bootstrap_servers"], timeout)}
+    status: dict[str, Any] = {"state_file": str(paths.state)} if state is None else {**state}
+    status.update(running=False, healthy=False, ports_file=str(paths.ports))
+    if state is not None:
+        status["stale"] = True
+    recorded = read_recorded(paths.ports)
+    if recorded is not None:
+        status["next_bootstrap_servers"] = recorded.bootstrap_servers
+    return status
 
 
 def wait_for_broker(settings: Settings, timeout: float = 60.0) -> float:
@@ -513,6 +548,10 @@ def _cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         say(f"stale broker.json: process {status.get('pid')} is gone (run `broker.py start`)")
     elif not status["running"]:
         say(f"no broker is running for {settings.broker_dir}")
+    if "next_bootstrap_servers" in status:
+        say(
+            f"its next start listens on {status['next_bootstrap_servers']} ({status['ports_file']})"
+        )
     return 0 if status["healthy"] else 1
 
 

@@ -82,15 +82,6 @@ def taken_port() -> socket.socket:
     return sock
 
 
-def distinct_free_ports(avoid: set[int]) -> tuple[int, int]:
-    """Two free ports, both outside ``avoid``."""
-    while True:
-        with taken_port() as first, taken_port() as second:
-            ports = (first.getsockname()[1], second.getsockname()[1])
-        if not avoid & set(ports):
-            return ports
-
-
 # --------------------------------------------------------------------------- (a) round trip
 
 
@@ -161,35 +152,45 @@ def test_start_on_taken_port_fails_fast(broker_cli: ServiceCli, tmp_path: Path) 
 # --------------------------------------------------------------------------- (e) restart
 
 
-def test_restart_keeps_topics_and_messages(broker_cli: ServiceCli, tmp_path: Path) -> None:
+def test_restart_keeps_its_port_topics_and_messages(broker_cli: ServiceCli, tmp_path: Path) -> None:
+    """A client given the broker's address finds it there again after stop / start: the ports of
+    the first start are recorded in ``ports.json`` and reused; a start refuses at once if one of
+    them is taken meanwhile (``--port`` moving it on purpose: the unit tests)."""
     topic = "survives-restart"
     records = [(f"k{i}", f"v{i}") for i in range(20)]
+    ports_file = tmp_path / "kafka" / "ports.json"
     try:
         first = broker_cli.parse(broker_cli.run("start", runtime_dir=tmp_path))
         assert first["formatted_storage"] is True
-        create_topic(first["bootstrap_servers"], topic, partitions=1)
-        produce(first["bootstrap_servers"], topic, records)
+        bootstrap = first["bootstrap_servers"]
+        create_topic(bootstrap, topic, partitions=1)
+        produce(bootstrap, topic, records)
 
         stopped = broker_cli.run("stop", runtime_dir=tmp_path)
         assert stopped.returncode == 0, broker_cli.describe(stopped)
+        assert f"its next start listens on {bootstrap} again" in stopped.stderr
         assert not (tmp_path / "kafka" / "broker.json").exists()
 
-        port, controller_port = distinct_free_ports({first["port"], first["controller_port"]})
-        again = broker_cli.run(
-            "start",
-            "--port",
-            str(port),
-            "--controller-port",
-            str(controller_port),
-            runtime_dir=tmp_path,
-        )
+        with socket.socket() as squatter:  # the recorded port, taken while the broker is down
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+            squatter.bind(("127.0.0.1", first["port"]))
+            squatter.listen()
+            refused = broker_cli.run("start", runtime_dir=tmp_path)
+        assert refused.returncode == 2, broker_cli.describe(refused)
+        assert f"port {first['port']} on 127.0.0.1, the broker's client port" in refused.stderr
+        assert f"delete {ports_file}" in refused.stderr
+        assert not (tmp_path / "kafka" / "broker.json").exists()
+
+        again = broker_cli.run("start", runtime_dir=tmp_path)  # as `make broker-start` does
         assert again.returncode == 0, broker_cli.describe(again)
         second = broker_cli.parse(again)
         assert second["formatted_storage"] is False
-        assert (second["port"], second["controller_port"]) == (port, controller_port)
-
-        received = consume(second["bootstrap_servers"], topic, expected=len(records))
+        assert second["bootstrap_servers"] == bootstrap
+        assert second["controller_port"] == first["controller_port"]
+        assert f"broker ready at {bootstrap}" in again.stderr
+        received = consume(bootstrap, topic, expected=len(records))
         assert sorted((key, value) for key, value, _ in received) == sorted(records)
+
     finally:
         final = broker_cli.run("stop", runtime_dir=tmp_path)
         assert final.returncode == 0, broker_cli.describe(final)

@@ -6,6 +6,7 @@ import base64
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def _load_broker_module() -> ModuleType:
 
 
 broker = _load_broker_module()
+broker_ports = sys.modules["broker_ports"]  # imported by broker.py from its own folder
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -69,11 +71,86 @@ def test_meta_properties_cluster_id(tmp_path: Path) -> None:
 
 
 def test_select_ports_picks_distinct_free_ports() -> None:
-    port, controller_port = broker.select_ports(None, None)
+    ports = broker.select_ports(None, None)
 
-    assert port != controller_port
-    for value in (port, controller_port):
-        broker.ensure_port_free(value, "--port")
+    assert ports.port != ports.controller_port
+    for value in (ports.port, ports.controller_port):
+        assert broker_ports._bindable(value)
+
+
+def test_first_ports_are_picked_below_the_ephemeral_range() -> None:
+    """Kept across restarts, they must not be handed to an outgoing connection meanwhile."""
+    floor = broker_ports._ephemeral_floor()
+    if floor is None or floor - broker_ports.PICK_FLOOR < broker_ports.MIN_PICK_RANGE:
+        pytest.skip("no room below this machine's ephemeral port range")
+
+    ports = broker.select_ports(None, None, Path("/nonexistent/ports.json"))
+
+    assert min(ports.port, ports.controller_port) >= broker_ports.PICK_FLOOR
+    assert max(ports.port, ports.controller_port) < floor
+
+
+# --------------------------------------------------------------------------- recorded ports
+
+
+def _record(tmp_path: Path, port: int, controller_port: int) -> Path:
+    """``ports.json`` as the broker's first start writes it."""
+    paths = broker.BrokerPaths.of(_settings(tmp_path))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    broker.record_ports(paths.ports, broker.BrokerPorts(port, controller_port))
+    return paths.ports
+
+
+def test_later_starts_select_the_recorded_ports(tmp_path: Path) -> None:
+    recorded = broker_ports.pick_ports(3)
+    ports_file = _record(tmp_path, recorded[0], recorded[1])
+
+    assert broker.select_ports(None, None, ports_file) == broker.BrokerPorts(*recorded[:2])
+    # --port moves the client port only; the controller keeps its recorded one.
+    moved = broker.select_ports(recorded[2], None, ports_file)
+    assert moved == broker.BrokerPorts(recorded[2], recorded[1])
+
+
+@pytest.mark.parametrize("taken", ["port", "controller_port"])
+def test_a_start_refuses_when_a_recorded_port_is_taken(tmp_path: Path, taken: str) -> None:
+    """Through start_broker itself: the ports are checked before Java and the jars (there are
+    none in this runtime), so the refusal is immediate and nothing else is touched."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held, other = holder.getsockname()[1], broker_ports.pick_ports(1)[0]
+        pair = (held, other) if taken == "port" else (other, held)
+        ports_file = _record(tmp_path, *pair)
+        with pytest.raises(ConfigError) as refused:
+            broker.start_broker(_settings(tmp_path))
+
+    message = str(refused.value)
+    role = "client" if taken == "port" else "controller"
+    assert f"port {held} on 127.0.0.1, the broker's {role} port recorded in {ports_file}" in message
+    if shutil.which("ss"):  # the holder is named: this very process
+        assert f"held by pid {os.getpid()} (" in message
+    else:
+        assert f"ss -ltnp 'sport = :{held}'" in message
+    assert f"free port {held}" in message and f"delete {ports_file}" in message
+    assert not (tmp_path / "kafka" / "broker.json").exists()
+    assert json.loads(ports_file.read_text())["port"] == pair[0]  # the record is kept
+
+
+def test_a_damaged_ports_file_names_the_field_and_the_fix(tmp_path: Path) -> None:
+    ports_file = _record(tmp_path, 1, 2)
+    ports_file.write_text(json.dumps({"port": "9092", "controller_port": 9093}))
+
+    with pytest.raises(ConfigError, match=r"ports\.json is damaged: `port` is '9092'.*delete"):
+        broker.select_ports(None, None, ports_file)
+
+
+def test_status_of_a_stopped_broker_says_where_it_comes_back(tmp_path: Path) -> None:
+    _record(tmp_path, 30123, 30124)
+
+    status = broker.broker_status(_settings(tmp_path))
+
+    assert status["running"] is False
+    assert status["next_bootstrap_servers"] == "127.0.0.1:30123"
 
 
 def test_taken_port_is_named_in_the_error() -> None:
