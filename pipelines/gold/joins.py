@@ -3,9 +3,10 @@
 A join's split query (:class:`pipelines.stages.gold_join.JoinSplitStage`) reads both sides' silver
 events into one **input table**: a row is ``_side`` (left or right), its ``_event_time``, the
 side's columns in a struct (``_left`` or ``_right``, the other one null) and its coordinates;
-each split batch appends its on-time rows of both sides in one commit. The stateful query reads
-that table as a Delta stream and joins its left rows with its right rows; a backfill applies the
-very same :func:`join_rows` to a batch of both sides' events.
+each split batch appends its on-time rows of both sides in one commit (a late row goes to the late
+table with its side's silver row whole in ``_left`` or ``_right``: :func:`side_row_types`). The
+stateful query reads that table as a Delta stream and joins its left rows with its right rows; a
+backfill applies the very same :func:`join_rows` to a batch of both sides' events.
 
 **Which rows are late.** Spark's stream-stream join drops an input row of either side when its
 event time is not above the global watermark (the least of the two sides' watermarks, of the
@@ -46,6 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
 from pipelines.gold import COORDINATES
+from pipelines.gold.late import whole_row, whole_row_column, whole_row_type
 from pipelines.spec import GoldJoinSpec, JoinSide, duration_seconds
 
 #: ``_side`` of an input row.
@@ -75,12 +77,23 @@ def input_schema(gold: GoldJoinSpec, events: Mapping[str, StructType]) -> Struct
     )
 
 
+def side_row_types(gold: GoldJoinSpec, events: Mapping[str, StructType]) -> dict[str, StructType]:
+    """The late table's ``_left`` and ``_right``: every column of the side's events, the side's
+    columns of the input table's struct first (so an older late table's struct grows into it)."""
+    return {
+        f"_{side}": whole_row_type(events[side], gold.side_columns(side)) for side in (LEFT, RIGHT)
+    }
+
+
 def side_rows(
-    events: DataFrame, gold: GoldJoinSpec, side: str, schema: StructType, mark: bool = False
-) -> DataFrame:
+    events: DataFrame, gold: GoldJoinSpec, side: str, schema: StructType, mark: bool = False,
+    whole: Mapping[str, StructType] | None = None,
+) -> DataFrame:  # fmt: skip
     """One side's events as input rows of ``schema`` (the input table's): its columns in its
     struct, its event time as ``_event_time``; the rows the side's ``where`` leaves out dropped,
-    or with ``mark`` kept and marked in ``_gold_filtered`` (the split counts them)."""
+    or with ``mark`` kept and marked in ``_gold_filtered`` (the split counts them). ``whole``
+    (the split's: the late table's :func:`side_row_types`): the side's row whole too, in the
+    split's carrying column of its side's struct (the other side's null)."""
     chosen = side_of(gold, side)
     wanted = F.coalesce(F.expr(chosen.where), F.lit(False)) if chosen.where else F.lit(True)
     if not mark:
@@ -98,6 +111,12 @@ def side_rows(
             for field in schema.fields
         ),
         *([(~wanted).alias("_gold_filtered")] if mark else []),
+        *(
+            (whole_row(row_type) if name == f"_{side}" else F.lit(None).cast(row_type)).alias(
+                whole_row_column(name)
+            )
+            for name, row_type in (whole or {}).items()
+        ),
     )
 
 

@@ -6,8 +6,9 @@ Each gold table of a spec runs as two streaming queries, one after the other in 
    silver events table as a Delta stream and sorts each micro-batch's rows by Conflux's own
    watermark (:mod:`pipelines.gold.watermark`): rows with a null event time, or one beyond their
    ingestion time plus ``max_future_skew``, go to the flow's quarantine with the reason; late rows
-   (:mod:`pipelines.gold.windows`) to the **late-data table** with their event time, the
-   watermark at arrival and the window they missed; on-time rows to the gold **input table**
+   (:mod:`pipelines.gold.windows`) to the **late-data table**, their silver row whole (in
+   ``_event``, :mod:`pipelines.gold.late`) with their event time, the watermark at arrival and
+   the window they missed; on-time rows to the gold **input table**
    (``<gold>__input``). All three appends carry the batch's transaction id, so a replay adds
    nothing twice, and every batch accounts for its rows: ``rows in = on time + late +
    quarantined``.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -38,7 +39,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, TimestampType
 
-from pipelines.catalog.lifecycle import TableDesign, ddl_struct, ensure_table
+from pipelines.catalog.lifecycle import TableDesign, ensure_table
 from pipelines.catalog.roles import TableRole, gold_quarantine_id, gold_stage
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
 from pipelines.delta_writes import (
@@ -50,6 +51,16 @@ from pipelines.delta_writes import (
 )
 from pipelines.errors import ConfigError
 from pipelines.gold import COORDINATES
+from pipelines.gold.late import (
+    EVENT_ROW,
+    grow_late_table,
+    late_rows,
+    late_schema,
+    row_types,
+    whole_row,
+    whole_row_column,
+    whole_row_type,
+)
 from pipelines.gold.watermark import (
     EVENTS,
     WatermarkLog,
@@ -272,25 +283,18 @@ class SplitStage(_GoldBase):
             table.id: (table.name, table.location) for table in (self.late_entry, self.input_entry)
         }
 
-    def _prepare_split(self, spark: SparkSession, schema: StructType, late_ddl: str) -> None:
-        """Create or check the input and late tables (the late table: the input's columns, the
-        date, the watermark and the batch, and ``late_ddl``), and the quarantine epoch."""
-        late = StructType(
-            [
-                *schema.fields,
-                *ddl_struct(
-                    ", ".join(
-                        part
-                        for part in (
-                            "_event_date DATE, _watermark TIMESTAMP",
-                            late_ddl,
-                            "_split_batch_id BIGINT, _late_at TIMESTAMP",
-                        )
-                        if part
-                    )
-                ).fields,
-            ]
+    def _prepare_split(
+        self, spark: SparkSession, schema: StructType, missed: Sequence[StructField],
+        whole: Mapping[str, StructType],
+    ) -> None:  # fmt: skip
+        """Create or check the input and late tables, and the quarantine epoch. The late table
+        (:func:`pipelines.gold.late.late_schema`): the input's columns, ``whole`` (the late
+        table's columns holding the silver row whole -> its type), the date, the watermark,
+        ``missed`` (what the row missed) and the batch; a table of an older layout grown first."""
+        wanted = late_schema(
+            schema, missed, whole, f"{self.spec.spec_file}: gold ({self.gold.table})"
         )
+        late = grow_late_table(spark, self.late_entry, wanted, whole, read_identity(self.locations))
         self._prepare_tables(
             spark,
             [
@@ -298,6 +302,8 @@ class SplitStage(_GoldBase):
                 self._design(self.late_entry, late, partition_by=self.late_entry.partition_by),
             ],
         )
+        #: The late table's whole-row columns -> their struct type, as the table has them.
+        self.whole = row_types(late, whole)
         self.columns = schema.fieldNames()
         self.epoch = checkpoint_epoch(self.locations.epoch_file(self.gold.table))
 
@@ -423,14 +429,9 @@ class SplitStage(_GoldBase):
         return commit
 
     def _late_rows(self, rows: DataFrame, batch_id: int) -> DataFrame:
-        return rows.where(F.col("_gold_class") == LATE).select(
-            *self.columns,
-            F.to_date("_event_time").alias("_event_date"),
-            F.col("_gold_watermark").alias("_watermark"),
-            *self._late_columns(),
-            F.lit(batch_id).cast("bigint").alias("_split_batch_id"),
-            F.current_timestamp().alias("_late_at"),
-        )
+        late = rows.where(F.col("_gold_class") == LATE)
+        watermark = F.col("_gold_watermark")
+        return late_rows(late, self.columns, self.whole, watermark, self._late_columns(), batch_id)
 
     def _quarantine_rows(self, rows: DataFrame) -> DataFrame:
         gold = self.gold
@@ -456,13 +457,17 @@ class SplitStage(_GoldBase):
 class _AggregateInput(_GoldBase):
     gold: GoldSpec
 
-    def _input_schema(self, spark: SparkSession) -> StructType:
-        """The input table's columns: those of the events the gold table reads, the event time
-        as ``_event_time``, and the row's coordinates."""
+    def _events(self, spark: SparkSession) -> StructType:
+        """The silver events' schema, checked (see :meth:`_events_schema`)."""
         gold = self.gold
-        events = self._events_schema(
+        return self._events_schema(
             spark, self.events_path, gold.input_columns(), gold.event_time, ""
         )
+
+    def _input_schema(self, events: StructType) -> StructType:
+        """The input table's columns: those of the ``events`` the gold table reads, the event
+        time as ``_event_time``, and the row's coordinates."""
+        gold = self.gold
         kept = [
             c for c in dict.fromkeys((*gold.input_columns(), *COORDINATES)) if c != "_event_time"
         ]
@@ -481,8 +486,15 @@ class GoldSplitStage(SplitStage, _AggregateInput):
     gold: GoldSpec
 
     def prepare(self, spark: SparkSession) -> None:
+        events = self._events(spark)
         self._prepare_split(
-            spark, self._input_schema(spark), "_window_start TIMESTAMP, _window_end TIMESTAMP"
+            spark,
+            self._input_schema(events),
+            [
+                StructField("_window_start", TimestampType()),
+                StructField("_window_end", TimestampType()),
+            ],
+            {EVENT_ROW: whole_row_type(events)},
         )
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
@@ -492,8 +504,10 @@ class GoldSplitStage(SplitStage, _AggregateInput):
         return whole_versions(spark, self.events_path)
 
     def _rows(self, events: DataFrame) -> DataFrame:
+        """The input columns, and the whole silver row for the late table (``_event``)."""
         picked = {c: F.col(c) for c in self.columns}
         picked["_event_time"] = F.col(self.gold.event_time).cast("timestamp")
+        picked[whole_row_column(EVENT_ROW)] = whole_row(self.whole[EVENT_ROW])
         return events.select(*(column.alias(name) for name, column in picked.items()))
 
     def _late(self, watermark: Column) -> Column:
@@ -526,7 +540,7 @@ class GoldStage(_AggregateInput):
         return self._gold_tables()
 
     def prepare(self, spark: SparkSession) -> None:
-        empty = spark.createDataFrame([], self._input_schema(spark))
+        empty = spark.createDataFrame([], self._input_schema(self._events(spark)))
         self._prepare_gold(spark, self._aggregate(empty).select(*gold_columns(self.gold)).schema)
 
     def _aggregate(self, rows: DataFrame) -> DataFrame:

@@ -7,8 +7,8 @@ A gold table with ``join:`` runs as two streaming queries, like windowed aggrega
    right side's events (this flow's or another flow's, as a Delta stream in this application)
    in one query, and sorts each micro-batch's rows by Conflux's watermark over both sides
    (:mod:`pipelines.gold.joins`): quarantined (null or future event time), late (to the late-data
-   table, with its side and the watermark at arrival) or on time (to the input table, one table
-   for both sides).
+   table, with its side, its side's silver row whole and the watermark at arrival) or on time
+   (to the input table, one table for both sides).
 2. **the join** (:class:`JoinStage`) reads the input table as a Delta stream (whole versions;
    Spark plans the self-join as two sources of it), joins its left rows with its right rows on the keys within the time bound, with Spark's
    watermark on both sides (RocksDB state), and appends the joined rows to the gold table
@@ -34,6 +34,7 @@ from pipelines.gold.joins import (
     input_schema,
     join_rows,
     side_of,
+    side_row_types,
     side_rows,
     side_watermarks,
 )
@@ -61,6 +62,10 @@ class _JoinInput(_GoldBase):
     def _input_schema(self, spark: SparkSession) -> StructType:
         """``_side``, ``_event_time``, the two sides' structs, the coordinates (see
         :mod:`pipelines.gold.joins`)."""
+        return input_schema(self.gold, self._side_events(spark))
+
+    def _side_events(self, spark: SparkSession) -> dict[str, StructType]:
+        """Both sides' events schemas, checked: the columns exist, the keys have one type."""
         gold = self.gold
         paths = {LEFT: self.events_path, RIGHT: self.right_events_path}
         events = {
@@ -81,7 +86,7 @@ class _JoinInput(_GoldBase):
                     f"{types[LEFT]} on the left and {types[RIGHT]} on the right; keys must have "
                     "one type (cast one side in its flow's silver schema)"
                 )
-        return input_schema(gold, events)
+        return events
 
 
 class JoinSplitStage(_JoinInput, SplitStage):
@@ -101,20 +106,21 @@ class JoinSplitStage(_JoinInput, SplitStage):
         return SplitStage._own_tables(self)
 
     def prepare(self, spark: SparkSession) -> None:
-        self.schema = self._input_schema(spark)
-        self._prepare_split(spark, self.schema, "")
+        events = self._side_events(spark)
+        self.schema = input_schema(self.gold, events)
+        self._prepare_split(spark, self.schema, (), side_row_types(self.gold, events))
 
     def input_stream(self, spark: SparkSession) -> DataFrame:
         """Both sides' events, whole versions per batch, as input rows."""
         # the application's session, whose query manager lists the join query (a micro-batch's
         # DataFrame has a cloned session of its own)
         self.session = spark
-        left = side_rows(
-            whole_versions(spark, self.events_path), self.gold, LEFT, self.schema, mark=True
-        )
-        right = side_rows(
-            whole_versions(spark, self.right_events_path), self.gold, RIGHT, self.schema, mark=True
-        )
+        paths = {LEFT: self.events_path, RIGHT: self.right_events_path}
+        left, right = (
+            side_rows(whole_versions(spark, paths[side]), self.gold, side, self.schema, mark=True,
+                      whole=self.whole)  # the late table's rows whole
+            for side in (LEFT, RIGHT)
+        )  # fmt: skip
         return left.unionByName(right)
 
     def _filtered(self) -> Column:

@@ -75,13 +75,18 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
         if not DeltaTable.isDeltaTable(spark, path):
             print(f"\n== gold {gold.table}: not written yet")
             continue
+        # A late row: when it happened, what it missed, and the whole silver row (key, payload).
         if isinstance(gold, GoldJoinSpec):  # the newest pairs; a late row's side and time
-            newest, late_columns = ["_left_time", *gold.join.keys], ["_side", "_event_time"]
+            newest = ["_left_time", *gold.join.keys]
+            row = F.to_json(F.coalesce("_left", "_right")).alias("row")
+            late_columns = [F.col("_side"), F.col("_event_time"), row]
             what, matched = "joined rows", F.count(F.when(~F.col("_matched"), 1))
             side = " of the side behind"
         else:  # the newest windows; a late row's time and the window it missed
             newest = ["window_start", *gold.group_by]
-            late_columns = ["_event_time", "_window_start", "_window_end", *gold.group_by]
+            row = F.to_json("_event").alias("row")
+            late_columns = [F.col(c) for c in ("_event_time", "_window_start", "_window_end")]
+            late_columns.append(row)
             what, matched, side = "windows", F.lit(None), ""
         table = spark.read.format("delta").load(path)
         record = WatermarkLog(locations.watermark_log(gold.table), 0).latest()

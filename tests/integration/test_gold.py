@@ -55,7 +55,7 @@ from tests.support.chaos import (
     seed_from_env,
 )
 from tests.support.delta_read import read_rows
-from tests.support.gold import expected_gold, project, read_gold
+from tests.support.gold import expected_gold, in_older_layout, project, read_gold, utc_values
 from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
 from tests.support.tables import gold_path, silver_path
@@ -170,6 +170,8 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
             1: [order(7, 14, "a", 3.0), order(8, 31, "a", 4.0)],
         }
     )  # newest 10:31 -> watermark 10:26
+    # revenue_late as written before late rows kept their silver row: the next run grows it
+    in_older_layout(spark, gold_path(store_settings, "revenue_late"), drop=["_event"])
     # the day is still open (watermark 10:26 on 2026-11-20): refused, nothing changes
     with pytest.raises(BackfillRefusedError, match="2026-11-20 is still open"):
         backfill(spark, spec, store_settings, "revenue", date(2026, 11, 20), date(2026, 11, 20))
@@ -193,6 +195,22 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
     # partition 0: offsets 0..5 (run 1), 6..9 (run 2); partition 1: 0..1 (run 1), 2..5 (run 2)
     assert late_keys(store_settings, "revenue_late") == [(0, 6), (1, 4)]
     assert late_keys(store_settings, "orders_5m_late") == [(0, 6), (0, 7), (0, 8), (1, 4)]
+    # a late row holds its silver events row whole (`_event`): the order as sent, key and
+    # payload, beside what gold judged (revenue_late too, grown from the older layout)
+    events = {
+        (r["_source_partition"], r["_source_offset"]): r
+        for r in read_rows(silver_path(store_settings, "silver_shop_events"))
+    }
+    orders = {(p, off): o for p, rows in sent.items() for off, o in rows}
+    for table in ("revenue_late", "orders_5m_late"):
+        for row in read_rows(gold_path(store_settings, table)):
+            key = (row["_source_partition"], row["_source_offset"])
+            assert row["_event"] == events[key], table  # every column of the silver row
+            assert utc_values(row["_event"], list(orders[key])) == orders[key], table
+            assert utc_values(row, ["_event_time", "_watermark"]) == {
+                "_event_time": orders[key]["ts"],  # the time gold judged it by
+                "_watermark": BASE + timedelta(minutes=26),  # the first run's
+            }
     quarantine = read_rows(silver_path(store_settings, "silver_shop_quarantine"))
     reasons = sorted((r["offset"], r["reasons"][0]) for r in quarantine)
     assert reasons == [

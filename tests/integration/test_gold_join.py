@@ -32,7 +32,7 @@ from pipelines.spec import FlowSpec, load_specs
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.integration.test_source_faults import RecordingReporter
 from tests.support.delta_read import read_rows
-from tests.support.gold import JoinedRow, expected_join, read_join
+from tests.support.gold import JoinedRow, expected_join, in_older_layout, read_join, utc_values
 from tests.support.kafka import create_topic, produce
 from tests.support.runtime import KafkaBroker
 from tests.support.tables import gold_path, silver_path
@@ -190,6 +190,13 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
             payment(111, 1, 4, 0.0),  # left out by the right side's where
         ],
     )  # newest: orders 10:20, payments 10:30 -> watermark min(10:15, 10:25) = 10:15
+    # order_payments_late as written before late rows kept their silver row (its `_left` and
+    # `_right` held the join's columns only): the next run grows them
+    in_older_layout(
+        spark,
+        gold_path(spark_settings, "order_payments_late"),
+        keep={"_left": ["order_id", "amount"], "_right": ["order_id", "payment_id", "paid"]},
+    )
     # pairs at once; no unmatched order yet: 10:05 + 15 minutes is not below the watermark
     assert read_join(inner_path) == [
         (1, 10.0, 101, 10.0),
@@ -227,6 +234,21 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
     assert late_rows(spark_settings, "paid_orders_late") == late_rows(
         spark_settings, "order_payments_late"
     )
+    # a late row holds its side's silver events row whole (`_left` or `_right`, the other null):
+    # the order or payment as sent, key and payload
+    sent = {"left": orders, "right": payments}
+    events = {
+        side: {r["_source_offset"]: r for r in read_rows(silver_path(spark_settings, table))}
+        for side, table in (("left", "silver_shop_orders_events"), ("right", "silver_shop_payments_events"))
+    }  # fmt: skip
+    for table in ("order_payments_late", "paid_orders_late"):
+        for row in read_rows(gold_path(spark_settings, table)):
+            side, offset = row["_side"], row["_source_offset"]
+            other = "right" if side == "left" else "left"
+            assert row[f"_{other}"] is None, (table, side)
+            assert row[f"_{side}"] == events[side][offset], table  # every column of its row
+            event = sent[side][offset]
+            assert utc_values(row[f"_{side}"], list(event)) == event, (table, side)
     assert (2, 20.0, None, None) in read_join(outer_path)
     assert (3, 30.0, None, None) in read_join(outer_path)
 

@@ -1,13 +1,18 @@
 """An independent reference for gold tables: windowed aggregates in plain Python, and gold rows read
-back with delta-rs, in one comparable shape."""
+back with delta-rs, in one comparable shape; late tables of the layout before late rows kept their
+silver row."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.location import Location
 from tests.support.delta_read import TableRef, read_rows
 
 #: (window start, group key) -> {aggregate name: value, "_rows": n}
@@ -98,4 +103,38 @@ def read_join(path: TableRef, where: str = "") -> list[JoinedRow]:
     rows = read_rows(path, ["order_id", "amount", "payment_id", "paid"], where)
     return sorted(
         ((r["order_id"], r["amount"], r["payment_id"], r["paid"]) for r in rows), key=repr
+    )
+
+
+def utc_values(row: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """The values ``names`` of a row read back, timestamps as aware UTC datetimes."""
+
+    def utc(value: Any) -> Any:
+        if isinstance(value, datetime) and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+    return {name: utc(row[name]) for name in names}
+
+
+def in_older_layout(
+    spark: SparkSession,
+    table: Location,
+    drop: Sequence[str] = (),
+    keep: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    """Rewrite the late table ``table`` in the layout before late rows kept their silver row:
+    without the columns ``drop``, and its structs ``keep`` (name -> fields) with only those
+    fields (a join's columns); its table properties (the flow's identity) and partitioning stay."""
+    path = str(table)
+    frame = spark.read.format("delta").load(path).drop(*drop)
+    for name, fields in (keep or {}).items():
+        narrow = F.struct(*(F.col(f"{name}.{field}").alias(field) for field in fields))
+        frame = frame.withColumn(name, F.when(F.col(name).isNotNull(), narrow))
+    (
+        frame.write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .partitionBy("_event_date")
+        .save(path)
     )

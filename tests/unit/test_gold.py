@@ -1,4 +1,5 @@
-"""Gold without Spark: the spec section, the late rules, the watermark log, backfill refusals."""
+"""Gold without Spark: the spec section, the late rules and the late table's layout, the watermark
+log, backfill refusals."""
 
 from __future__ import annotations
 
@@ -7,8 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.types import (
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
+from pipelines.errors import ConfigError
 from pipelines.gold.backfill import BackfillRefusedError, check_closed, closing_time
+from pipelines.gold.late import EVENT_ROW, late_design, late_schema, whole_row_type
 from pipelines.gold.watermark import EVENTS, WatermarkLog
 from pipelines.gold.windows import MICROS, earliest_window_end_micros, is_late
 from pipelines.location import Location
@@ -126,6 +137,53 @@ def test_late_means_the_state_spark_would_use_is_closed() -> None:
     assert is_late(watermark, watermark, 600, deduplicate=True)
     assert not is_late(watermark + 1, watermark, 600, deduplicate=True)
     assert not is_late(0, None, 600, deduplicate=True)  # no watermark before the first batch
+
+
+def schema(*columns: tuple[str, Any]) -> StructType:
+    return StructType([StructField(name, kind) for name, kind in columns])
+
+
+def test_a_late_row_keeps_its_silver_row_whole_and_older_late_tables_grow_into_it() -> None:
+    """The late table's layout (pipelines.gold.late), and how a table of the layout before it,
+    without the silver row, is brought up to it: only by adding columns and struct fields."""
+    events = schema(
+        ("id", LongType()), ("product", StringType()), ("amount", DoubleType()),
+        ("_event_time", TimestampType()), ("_source_offset", LongType()),
+    )  # fmt: skip
+    inputs = schema(
+        ("product", StringType()), ("amount", DoubleType()), ("_event_time", TimestampType()),
+        ("_source_offset", LongType()),
+    )  # fmt: skip
+    window = [StructField("_window_start", TimestampType())]
+    late = late_schema(inputs, window, {EVENT_ROW: whole_row_type(events)}, "shop.yaml")
+    assert late.fieldNames() == [
+        "product", "amount", "_event_time", "_source_offset", "_event_date", "_watermark",
+        "_window_start", "_split_batch_id", "_late_at", "_event",
+    ]  # fmt: skip
+    assert late[EVENT_ROW].dataType == whole_row_type(events)  # the silver row, its own names
+    with pytest.raises(ConfigError, match="silver column '_watermark' has the name of a column"):
+        late_schema(schema(("_watermark", LongType())), window, {}, "shop.yaml")
+
+    # a windowed aggregate's table of the older layout: `_event` is added
+    old = StructType([f for f in late.fields if f.name != EVENT_ROW])
+    design, evolved = late_design(old, late, [EVENT_ROW])
+    assert design == late and evolved == late
+    assert late_design(late, late, [EVENT_ROW]) == (late, None)  # nothing to grow
+
+    # a join's table of the older layout: `_left` held the join's columns only; it grows by the
+    # silver row's other columns, its own fields first, as Delta's schema evolution adds them
+    narrow = schema(("id", LongType()), ("amount", DoubleType()))
+    whole = whole_row_type(events, ["id", "amount"])
+    design, evolved = late_design(schema(("_left", narrow)), schema(("_left", whole)), ["_left"])
+    assert evolved is not None and evolved == design
+    assert design["_left"].dataType == whole
+    assert [f.name for f in whole.fields] == [
+        "id", "amount", "product", "_event_time", "_source_offset",
+    ]  # fmt: skip
+    # a field retyped is no growth: left to the table check, which refuses it, naming the reset
+    retyped = schema(("id", StringType()), ("amount", DoubleType()))
+    design, evolved = late_design(schema(("_left", retyped)), schema(("_left", whole)), ["_left"])
+    assert evolved is None and design["_left"].dataType == whole
 
 
 def test_the_watermark_log_survives_restarts_and_replays_alike(tmp_path: Path) -> None:
