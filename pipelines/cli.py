@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -27,17 +28,26 @@ from types import FrameType
 from pipelines.catalog.state import FlowState
 from pipelines.catalog.tables import FlowCatalog, check_distinct_tables
 from pipelines.errors import ConfigError
-from pipelines.health import flow_health
 from pipelines.identity import read_identity, reset_flow
 from pipelines.launcher import FlowApplication
 from pipelines.lease import LeaseHeldError, LeaseTerm
 from pipelines.location import Location
-from pipelines.messages import BatchCommitted, FlowStatus, FlowStopped, MessageError
+from pipelines.messages import BatchCommitted
 from pipelines.reporting import PROGRESS_PREFIX
+from pipelines.run_state import Phase, flow_run_state, lease_text, read_status
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import Settings, load_settings
-from pipelines.spec import FlowSpec, json_schema, load_specs
+from pipelines.spec import (
+    FlowSpec,
+    SpecError,
+    SpecProblem,
+    check_specs,
+    json_schema,
+    load_specs,
+)
+from pipelines.stopping import ask_to_stop, requester
 from pipelines.storage import StorageError
+from pipelines.supervisor import Attempt, Supervisor
 
 
 def _specs(settings: Settings) -> list[FlowSpec]:
@@ -58,48 +68,52 @@ def _lease(spec: FlowSpec, settings: Settings) -> LeaseTerm | None:
     return FlowState.of(spec, settings).lease_store().latest()
 
 
-def _status(spec: FlowSpec, settings: Settings) -> FlowStatus:
-    """The flow's ``_status.json`` (empty before its first batch); one an earlier version of
-    Conflux wrote reads too."""
-    path = FlowState.of(spec, settings).status_file
-    if not path.exists():
-        return FlowStatus()
-    try:
-        return FlowStatus.parse(json.loads(path.read_text()))
-    except (json.JSONDecodeError, MessageError) as exc:
-        raise ConfigError(
-            f"{path}: not a status file this version reads ({exc}); delete it: the flow's next "
-            "batch writes it again"
-        ) from exc
-
-
-def _state(term: LeaseTerm | None, status: FlowStatus) -> str:
-    """Running (by whom), or stopped and why, as the lease's last owner recorded it."""
-    if term is None:
-        return "never run"
-    if term.live():
-        return f"running ({term.owner})"
-    if status.owner != term.owner or status.stopped is None:
-        return "stopped: no end recorded"
-    return f"stopped: {status.stopped.reason.value}"
-
-
-def _stop(term: LeaseTerm | None, status: FlowStatus) -> FlowStopped | None:
-    """How the lease's last owner's run ended, if it has ended and recorded it."""
-    if term is None or term.live() or status.owner != term.owner:
-        return None
-    return status.stopped
-
-
 def cmd_validate(settings: Settings, _args: argparse.Namespace) -> int:
-    specs = _specs(settings)
+    """Check every spec of the flows folder, each on its own and together, and list every
+    problem (a line each, naming the file, the field and the fix; the other commands stop at the
+    first), then the stores the valid flows use. Exit 2 when anything is wrong."""
+    check = check_specs(settings.flows_dir)
+    problems = [*check.problems, *_location_problems(check.specs, settings)]
+    bad = {problem.file for problem in problems}
+    by_file = {spec.spec_file: spec for spec in check.specs}
+    for file in check.files:
+        if file not in bad:
+            print(f"ok  {by_file[file].name:24} {file}")
+        for problem in (p for p in problems if p.file == file):
+            print(f"conflux: error: {problem}", file=sys.stderr)
+    valid = [spec for spec in check.specs if spec.spec_file not in bad]
+    print(f"{len(valid)} flow(s) valid in {settings.flows_dir}")
+    if problems:
+        print(
+            f"conflux: {len(problems)} problem(s) in {len(bad)} of {len(check.files)} spec(s) "
+            f"in {settings.flows_dir}",
+            file=sys.stderr,
+        )
+    unreachable = 0
+    for store in _stores(valid, settings):
+        try:
+            store.check_store()
+        except (ConfigError, StorageError) as exc:  # it names the store and the fix
+            print(f"conflux: error: {exc}", file=sys.stderr)
+            unreachable += 1
+        else:
+            print(f"ok  {store.uri}: reachable, conditional writes honoured")
+    return EXIT_CONFIG if problems or unreachable else 0
+
+
+def _location_problems(specs: Sequence[FlowSpec], settings: Settings) -> list[SpecProblem]:
+    """Tables of two specs (or two roles of one) at one location: each spec's against the specs
+    before it, so every clash is named once."""
+    problems: list[SpecProblem] = []
+    placed: list[FlowSpec] = []
     for spec in specs:
-        print(f"ok  {spec.name:24} {spec.spec_file}")
-    print(f"{len(specs)} flow(s) valid in {settings.flows_dir}")
-    for store in _stores(specs, settings):
-        store.check_store()  # a ConfigError or StorageError names the store and the fix
-        print(f"ok  {store.uri}: reachable, conditional writes honoured")
-    return 0
+        try:
+            check_distinct_tables([*placed, spec], settings)
+        except SpecError as exc:
+            problems.append(SpecProblem(spec.spec_file, str(exc)))
+            continue
+        placed.append(spec)
+    return problems
 
 
 def _stores(specs: list[FlowSpec], settings: Settings) -> list[Location]:
@@ -114,15 +128,14 @@ def _stores(specs: list[FlowSpec], settings: Settings) -> list[Location]:
 
 
 def cmd_flows(settings: Settings, _args: argparse.Namespace) -> int:
-    print(f"{'flow':24} {'trigger':14} {'state':32} {'last batch':>10} {'lag':>8}")
+    print(f"{'flow':24} {'trigger':14} {'state':40} {'last batch':>10} {'lag':>8}")
     for spec in _specs(settings):
-        status = _status(spec, settings)
-        last = status.last_batch
+        state = flow_run_state(spec, settings)
+        last = read_status(spec, settings).last_batch
         batch_id = "-" if last is None else last.batch_id
-        lag = None if last is None else last.lag
         print(
-            f"{spec.name:24} {spec.trigger.mode:14} {_state(_lease(spec, settings), status):32} "
-            f"{batch_id!s:>10} {'-' if lag is None else lag!s:>8}"
+            f"{spec.name:24} {spec.trigger.mode:14} {state.short:40} {batch_id!s:>10} "
+            f"{state.lag_text():>8}"
         )
     return 0
 
@@ -132,13 +145,14 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     locations = FlowState.of(spec, settings)
     term = _lease(spec, settings)
     identity = read_identity(locations)
-    status = _status(spec, settings)
-    last = status.last_batch
-    stopped = _stop(term, status)
+    last = read_status(spec, settings).last_batch
+    now = time.time()
+    state = flow_run_state(spec, settings, now=now)
     report = {
         "flow": spec.name,
-        "state": _state(term, status),
-        "lease": None if term is None else term.describe(),
+        "state": state.short,
+        "run": state.to_json(),
+        "lease": None if term is None else lease_text(term, now),
         "table": str(locations.table),
         "checkpoint": str(locations.checkpoint),
         "generation": None if identity is None else identity.generation,
@@ -146,37 +160,40 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         "last_batch": None
         if last is None
         else json.loads(json.dumps(last.to_json(), sort_keys=True)),
-        "health": None if (health := flow_health(spec, settings)) is None else health.metadata(),
-        "stopped": None if stopped is None else stopped.to_json(),
+        "health": None if state.health is None else state.health.metadata(),
+        "stopped": None if state.stopped is None else state.stopped.to_json(),
     }
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0
     print(f"flow        {spec.name} ({spec.spec_file})")
-    print(f"state       {report['state']}")
+    print(f"state       {state.summary}")
     if term is not None:
-        print(f"lease       {term.describe()}")
-    if stopped is not None and stopped.message:
-        print(f"stopped     {stopped.message.splitlines()[0]}")
-    elif term is not None and not term.live() and stopped is None:
-        print(
-            f"stopped     the run of {term.owner} recorded no end: it was killed, its host was "
-            "lost, or it ran a Conflux from before stop records"
-        )
+        print(f"lease       {report['lease']}")
     print(f"table       {locations.table}  (checkpoint generation {report['generation']})")
-    if last is not None:
-        print(
-            f"last batch  {last.batch_id} at {last.timestamp}: {last.rows_added} rows "
-            f"added, {last.processed_rows_per_second} rows/s, "
-            f"Delta version {last.delta_version}" + (" (replay skipped)" if last.replayed else "")
-        )
+    print(f"last batch  {'none yet' if last is None else batch_line(last)}")
+    if last is not None and state.phase is Phase.RUNNING:
         for partition, lag in sorted((last.partition_lag or {}).items()):
             print(f"  lag {partition:30} {lag}")
-    else:
-        print("last batch  none yet")
-    if health is not None:
-        print(f"health      {health.state}: {health.reason}")
+    elif last is not None and last.lag is not None:
+        print(f"lag         unknown: not running ({last.lag} when batch {last.batch_id} committed)")
     return 0
+
+
+def batch_line(last: BatchCommitted) -> str:
+    """A committed batch in one line: only figures it really has (no Delta version when it
+    wrote none, no rate for a batch that read nothing)."""
+    wrote = f"{last.rows_added} rows added"
+    if last.replayed:
+        wrote += " (a replay: Delta skipped its writes)"
+    elif last.delta_version is not None:
+        wrote += f" in Delta version {last.delta_version}"
+    if last.input_rows:
+        wrote += (
+            f", {last.input_rows} rows read in {last.batch_duration_ms / 1000:.1f} s "
+            f"({last.processed_rows_per_second:,.0f} rows/s)"
+        )
+    return f"{last.batch_id} at {last.timestamp}: {wrote}"
 
 
 class _ProgressBar:
@@ -203,12 +220,32 @@ class _ProgressBar:
 
 
 def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the flows; a continuous run is supervised (:mod:`pipelines.supervisor`): a failed
+    application starts again, an unreachable source is waited for."""
     specs = [_spec(settings, name) for name in dict.fromkeys(args.flows)]
     trigger = "continuous" if args.continuous else ("available_now" if args.once else None)
-    application = FlowApplication(
-        specs, settings, trigger=trigger, owner_kind="cli", stdout=subprocess.PIPE
-    )
-    return _attend(application, args.flows)
+
+    def start() -> Attempt:
+        application = FlowApplication(
+            specs, settings, trigger=trigger, owner_kind="cli", stdout=subprocess.PIPE
+        )
+        return _attend(application, args.flows)
+
+    if any((trigger or spec.trigger.mode) != "continuous" for spec in specs):
+        return start().code
+    asked = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        print(f"conflux: {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
+        asked.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        supervisor = Supervisor(specs, settings, wait=asked.wait)
+        return supervisor.run(start, say=lambda text: print(f"conflux: {text}", flush=True))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
@@ -229,10 +266,10 @@ def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
         owner_kind="cli",
         stdout=subprocess.PIPE,
     )
-    return _attend(application, [spec.name])
+    return _attend(application, [spec.name]).code
 
 
-def _attend(application: FlowApplication, flows: Sequence[str]) -> int:
+def _attend(application: FlowApplication, flows: Sequence[str]) -> Attempt:
     """Run the application, relaying its output with a progress bar; Ctrl-C stops it."""
     interrupts = 0
 
@@ -246,7 +283,7 @@ def _attend(application: FlowApplication, flows: Sequence[str]) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            application.request_stop()
+            application.request_stop(requester(f"{signal.Signals(signum).name} to conflux run"))
         elif application.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(application.process.pid, signal.SIGTERM)
@@ -266,13 +303,13 @@ def _attend(application: FlowApplication, flows: Sequence[str]) -> int:
             code = returncode if returncode >= 0 else 128 - returncode  # killed by a signal
     except LeaseHeldError as exc:
         print(f"conflux: {exc}", file=sys.stderr)
-        return EXIT_LEASE
+        return Attempt(EXIT_LEASE, application.owner, interrupts > 0)
     finally:
         bar.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(f"conflux: {', '.join(flows)} exited with code {code}; {bar.rows} rows written")
-    return code
+    return Attempt(code, application.owner, interrupts > 0)
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
@@ -282,8 +319,7 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
     if term is None or not term.live():
         print(f"flow {spec.name} is not running")
         return 0
-    stop_file = locations.stop_file(term.owner)
-    stop_file.touch()
+    ask_to_stop(locations.stop_file(term.owner), requester("conflux stop"))
     print(f"asked {term.owner} to stop flow {spec.name} after its in-flight batch commits")
     if args.no_wait:
         return 0

@@ -40,9 +40,11 @@ from pipelines.lease import (
     owner_details,
     owner_process_gone,
 )
+from pipelines.location import Location
 from pipelines.settings import Settings, settings_environment
 from pipelines.spark import spark_conf, spark_environment
 from pipelines.spec import FlowSpec
+from pipelines.stopping import ask_to_stop, requester
 
 RUNNER_SCRIPT = Path(__file__).resolve().parent / "runner.py"
 
@@ -190,14 +192,15 @@ class FlowApplication:
         assert self.process is not None
         return self.process.wait(timeout)
 
-    def request_stop(self) -> None:
-        """Ask the runner to stop after its in-flight batches commit."""
-        self.stop_file.touch()
+    def request_stop(self, by: str) -> None:
+        """Ask the runner to stop after its in-flight batches commit; ``by``: who asks
+        (:func:`pipelines.stopping.requester`), recorded as the stop's reason."""
+        ask_to_stop(Location.local(self.stop_file), by)
 
-    def stop_gracefully(self) -> None:
+    def stop_gracefully(self, by: str) -> None:
         """Stop file first; SIGTERM, then SIGKILL of the process group if it hangs."""
         assert self.process is not None
-        self.request_stop()
+        self.request_stop(by)
         for sig, wait in (
             (None, self.graceful_stop_seconds),
             (signal.SIGTERM, 30.0),
@@ -220,6 +223,7 @@ class FlowApplication:
     ) -> None:
         try:
             if self.process is not None and self.process.poll() is None:
-                self.stop_gracefully()
+                ending = "its caller failed" if exc_type is not None else "it is done"
+                self.stop_gracefully(requester(f"launcher {self.owner}, as {ending}"))
         finally:
             self._stack.close()  # releases the leases once the application has exited

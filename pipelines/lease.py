@@ -297,7 +297,8 @@ class FlowLease:
 
 @dataclass
 class LeaseGuard:
-    """Read-only check, from the Spark application, that ``owner`` still holds a flow's lease."""
+    """Read-only check, from the Spark application, that ``owner`` still holds a flow's lease,
+    and that the launcher renewing it (``details["pid"]``, when on this host) still lives."""
 
     flow: str
     store: LeaseStore
@@ -319,6 +320,13 @@ class LeaseGuard:
             raise LeaseLostError(
                 f"flow {self.flow}: the lease of {self.owner} expires at "
                 f"{_iso(term.expires_at)} and was not renewed (is its launcher gone?)"
+            )
+        if term.details.get("launcher") != IN_PROCESS_LAUNCHER and owner_process_gone(term):
+            # Its launcher renews the lease and releases it once the application exits: gone
+            # (kill -9, OOM), it does neither, so the application stops now, not at the expiry.
+            raise LeaseLostError(
+                f"flow {self.flow}: its launcher {self.owner} (pid {term.details.get('pid')} on "
+                f"{term.details.get('host')}) is gone: nothing renews the lease"
             )
         return term
 

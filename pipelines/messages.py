@@ -2,7 +2,7 @@
 
 The runner (Spark, no Dagster) reports through these types, serialized with ``to_json()``: as
 Dagster Pipes custom messages, as the ``conflux.progress`` lines on stdout, and (the last batch)
-in each flow's ``_status.json``. The control plane (``assets/``) and ``conflux status`` read them
+in each flow's ``_status.json`` (:mod:`pipelines.status`). The control plane (``assets/``) and ``conflux status`` read them
 back with :func:`parse_message` / the kinds' ``parse`` into the same types, and from then on use
 attributes. Kinds:
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -436,14 +437,21 @@ class StopReason(StrEnum):
 
 @dataclass(frozen=True)
 class FlowStopped:
-    """A flow stopped: why, the error as reported (empty for a clean stop), the query whose
-    failure stopped it, and (``EXPECTATION_FAILED``) the ``fail`` expectations that failed."""
+    """A flow stopped: why, the error as reported (a clean stop: who asked for it), the query
+    whose failure stopped it, (``EXPECTATION_FAILED``) the ``fail`` expectations that failed,
+    when (ISO 8601, UTC; empty in a record of an earlier version) and the runner's exit code
+    (None until the runner knows it, and in earlier records)."""
 
     flow: str
     reason: StopReason
     message: str = ""
     query: str | None = None
     expectations: tuple[str, ...] = ()
+    #: Not compared: two records of one stop are equal whenever they were made.
+    at: str = field(
+        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), compare=False
+    )
+    exit_code: int | None = None
 
     TYPE = "flow_stopped"
 
@@ -455,6 +463,8 @@ class FlowStopped:
             "message": self.message,
             "query": self.query,
             "expectations": list(self.expectations),
+            "at": self.at,
+            "exit_code": self.exit_code,
         }
 
     @classmethod
@@ -466,6 +476,8 @@ class FlowStopped:
             message=read.get("message", str, ""),
             query=read.optional("query", str),
             expectations=tuple(str(name) for name in data.get("expectations") or ()),
+            at=read.get("at", str, ""),
+            exit_code=read.optional("exit_code", _strict_int),
         )
 
 
@@ -504,46 +516,3 @@ def parse_message(data: Any) -> Message:
         known = ", ".join(sorted(_KINDS))
         raise MessageError(f"a message of unknown type {data.get('type')!r} (known: {known})")
     return kind(data)
-
-
-@dataclass(frozen=True)
-class FlowStatus:
-    """A flow's ``_status.json``: the owner whose run wrote it, its last committed batch, and how
-    that run ended (None while it runs, or when it never reported an end: a killed process).
-
-    ``stopped`` is written only when set, so a file without it reads and writes back unchanged.
-    """
-
-    owner: str | None = None
-    last_batch: BatchCommitted | None = None
-    stopped: FlowStopped | None = None
-
-    def to_json(self) -> JsonObject:
-        data: JsonObject = {
-            "owner": self.owner,
-            "last_batch": None if self.last_batch is None else self.last_batch.to_json(),
-        }
-        if self.stopped is not None:
-            data["stopped"] = self.stopped.to_json()
-        return data
-
-    @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> FlowStatus:
-        read = _Fields(data, "_status.json")
-        last = read.object("last_batch")
-        return cls(
-            owner=read.optional("owner", str),
-            last_batch=None if not last else BatchCommitted.parse(last),
-            stopped=_stop_record(read.object("stopped")),
-        )
-
-
-def _stop_record(data: Mapping[str, Any] | None) -> FlowStopped | None:
-    """A status file's stop record; one this version cannot read (a reason a later version
-    added) reads as none, so the flow still shows, as stopped without a known end."""
-    if not data:
-        return None
-    try:
-        return FlowStopped.parse(data)
-    except MessageError:
-        return None

@@ -22,14 +22,8 @@ from typing import Any
 from pipelines.catalog.roles import TableRole, role_id
 from pipelines.catalog.state import write_json_atomically
 from pipelines.location import Location
-from pipelines.messages import (
-    BatchCommitted,
-    ErrorReported,
-    FlowStatus,
-    FlowStopped,
-    StageStarted,
-    StopReason,
-)
+from pipelines.messages import BatchCommitted, ErrorReported, FlowStopped, StageStarted, StopReason
+from pipelines.status import FlowStatus
 
 PROGRESS_PREFIX = "conflux.progress "
 #: Stops of a run whose flow another owner holds: its status file is that owner's to write.

@@ -25,7 +25,7 @@ import argparse
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -42,6 +42,7 @@ from pipelines.errors import ConfigError
 from pipelines.executors import executors_report
 from pipelines.flow import FlowPipeline
 from pipelines.health import HeartbeatWriter
+from pipelines.identity import checkpoint_has_offsets
 from pipelines.lease import (
     IN_PROCESS_LAUNCHER,
     FlowLease,
@@ -65,7 +66,7 @@ from pipelines.stopping import (
     last_batch_id,
     stop_after_inflight_batches,
 )
-from pipelines.stops import failure_stop, query_exception, stop_reason
+from pipelines.stops import disk_full, failure_stop, query_exception, stop_reason
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
 POLL_SECONDS = 0.5
@@ -459,7 +460,7 @@ def _run_owned(
     if ending.code == EXIT_OK:
         reporter.finished([t.summary() for t in tracker.totals.values()])
     for stopped in ending.stops:
-        reporter.stopped(stopped)
+        reporter.stopped(replace(stopped, exit_code=ending.code))
     return ending.code
 
 
@@ -487,8 +488,44 @@ def not_started(
     exit code."""
     reporter.error(message)
     for flow in flows:
-        reporter.stopped(FlowStopped(flow, stop_reason(exc), message))
+        try:
+            reporter.stopped(FlowStopped(flow, stop_reason(exc), message, exit_code=code))
+        except OSError as failed:  # its status file is on the full disk: the error above says why
+            reporter.error(f"flow {flow}: its stop could not be recorded: {failed}")
     return code
+
+
+def flows_that_ran(specs: Sequence[FlowSpec], settings: Settings | None) -> set[str]:
+    """The flows whose bronze checkpoint planned a batch, in this run or an earlier one: a
+    failure of theirs is no failure to start (a full disk two minutes in). One whose checkpoint
+    cannot be read counts as run, so nothing claims it never started; without settings, the
+    run never began (nothing ran)."""
+    ran: set[str] = set()
+    if settings is None:
+        return ran
+    for spec in specs:
+        try:
+            if checkpoint_has_offsets(FlowState.of(spec, settings).checkpoint):
+                ran.add(spec.name)
+        except (OSError, ConfigError):
+            ran.add(spec.name)
+    return ran
+
+
+def failure_message(flows: Sequence[str], ran: Collection[str], exc: BaseException) -> str:
+    """What a run that failed outside the queries' supervision says: ``failed to start`` of
+    the flows that never ran (:func:`flows_that_ran`), ``failed`` of the others; a full disk is
+    named by its volume (:func:`pipelines.stops.disk_full`), anything else as raised."""
+    full = disk_full(exc)
+    cause = full.describe() if full is not None else str(exc)
+    started = [flow for flow in flows if flow in ran]
+    never = [flow for flow in flows if flow not in ran]
+    said = [
+        f"flows {', '.join(group)} {verb}"
+        for group, verb in ((started, "failed"), (never, "failed to start"))
+        if group
+    ]
+    return f"{' and '.join(said)}: {cause}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -496,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest(Location.local(args.stop_file) if args.stop_file else None)
     stop.install_signal_handlers()
     flows = [p.stem for p in args.spec]  # their names, once the specs load
+    specs: list[FlowSpec] = []
+    settings: Settings | None = None  # known: the run may have begun (flows_that_ran)
     with ExitStack() as stack:
         reporter = open_reporter(stack)
         try:
@@ -519,9 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(not_started(reporter, flows, exc, str(exc), EXIT_LEASE)) from exc
         except ConfigError as exc:
             raise SystemExit(not_started(reporter, flows, exc, str(exc), EXIT_CONFIG)) from exc
-        except Exception as exc:  # e.g. a Spark error while a query starts: say so, then fail
-            stems = ", ".join(p.stem for p in args.spec)
-            message = f"flows {stems} failed to start: {exc}"
+        except Exception as exc:  # a Spark error while a query starts, a full disk later...
+            message = failure_message(flows, flows_that_ran(specs, settings), exc)
             raise SystemExit(not_started(reporter, flows, exc, message, EXIT_FAILED)) from exc
         if code != EXIT_OK:
             raise SystemExit(code)  # under Pipes, closing the context reports the failure

@@ -4,14 +4,20 @@ A stop request comes from a signal (SIGTERM / SIGINT), from :meth:`StopRequest.r
 stop file appearing: the ``--stop-file`` of a launcher, or a flow's stop channel
 (:meth:`pipelines.catalog.state.FlowState.stop_file`), which also reaches a driver on a cluster
 where signals do not. The runner then stops each query once its in-flight micro-batch committed.
+:func:`ask_to_stop` writes who asks into the stop file, so the flow's state can say who stopped it.
 """
 
 from __future__ import annotations
 
+import getpass
+import json
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
@@ -22,6 +28,32 @@ from pipelines.location import Location
 #: How often a stop file on an object store is looked for (a request each time; local ones are
 #: looked for at every check).
 REMOTE_STOP_POLL_SECONDS = 2.0
+
+
+def requester(what: str) -> str:
+    """``what`` (a command, a launcher) with the user, host and process asking: who stopped it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return f"{what} (user {user} on {socket.gethostname()}, pid {os.getpid()})"
+
+
+def ask_to_stop(stop_file: Location, by: str) -> None:
+    """Create ``stop_file``, naming who asks (:func:`requester`) and when: the runner records it
+    as the stop's reason, which the flow's state shows."""
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    stop_file.write_text(json.dumps({"by": by, "at": at}))
+
+
+def stop_requested_by(stop_file: Location) -> str:
+    """Who :func:`ask_to_stop` says asked; an empty or unreadable file (an earlier version's, a
+    user's ``touch``) names the file instead."""
+    try:
+        by = json.loads(stop_file.read_text()).get("by")
+    except (OSError, ValueError, AttributeError):
+        by = None
+    return str(by) if by else f"stop file {stop_file}"
 
 
 class StopRequest:
@@ -56,7 +88,7 @@ class StopRequest:
                 self._remote_checked_at = now
             for stop_file in self._stop_files:
                 if (stop_file.is_local or remote_due) and self._appeared(stop_file):
-                    self.request(f"stop file {stop_file}")
+                    self.request(stop_requested_by(stop_file))
                     break
         return self._event.is_set()
 

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from pipelines.errors import ConfigError
+from pipelines.volumes import naming_the_volume
 
 S3_SCHEMES = ("s3a", "s3")
 #: The object metadata key that tags a conditional create with its writer's one-off id, so a
@@ -42,7 +43,8 @@ WRITE_ID = "conflux-write-id"
 #: How often a conditional create is tried again while the store reports a concurrent one in
 #: flight (S3: 409 ConditionalRequestConflict); it then answers 200 or 412.
 CONFLICT_RETRIES = 5
-#: What ``link(2)`` fails with on a filesystem without hard links.
+#: What ``link(2)`` fails with on a filesystem without hard links (never ``ENOSPC`` or ``EDQUOT``:
+#: those are a full volume, :class:`pipelines.volumes.DiskFullError`).
 NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.ENOSYS})
 
 
@@ -118,30 +120,33 @@ class LocalStorage:
 
     def write(self, uri: str, data: bytes) -> None:
         path = self._path(uri)
-        scratch = self._scratch(path, data)
-        try:
-            os.replace(scratch, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(scratch)
-            raise
+        with naming_the_volume(path):  # a full disk: "disk full on <mount point>"
+            scratch = self._scratch(path, data)
+            try:
+                os.replace(scratch, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(scratch)
+                raise
 
     def create(self, uri: str, data: bytes) -> bool:
         path = self._path(uri)
-        scratch = self._scratch(path, data)
-        try:
-            os.link(scratch, path)  # fails if the name exists: the conditional create
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in NO_HARD_LINKS:
-                raise  # e.g. a full disk: its own error says so
-            raise ConfigError(
-                f"{path.parent}: cannot create files there by hard link ({exc}); flow state needs "
-                "a filesystem with hard links (local disk, NFS): point CONFLUX_RUNTIME_DIR at one"
-            ) from exc
-        finally:
-            os.unlink(scratch)
+        with naming_the_volume(path):  # a full disk: "disk full on <mount point>"
+            scratch = self._scratch(path, data)
+            try:
+                os.link(scratch, path)  # fails if the name exists: the conditional create
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in NO_HARD_LINKS:
+                    raise  # a full disk (ENOSPC, EDQUOT: a new directory entry needs a block)
+                raise ConfigError(
+                    f"{path.parent}: cannot create files there by hard link ({exc}); flow state "
+                    "needs a filesystem with hard links (local disk, NFS): point "
+                    "CONFLUX_RUNTIME_DIR at one"
+                ) from exc
+            finally:
+                os.unlink(scratch)
         return True
 
     def list(self, uri: str) -> list[str]:

@@ -60,7 +60,7 @@ MODULE_SECONDS = {
     "integration/test_bronze_exactly_once.py": 130,
     "integration/test_maintenance.py": 120,
     "integration/test_one_writer.py": 100,
-    "integration/test_source_faults.py": 80,
+    "integration/test_source_faults.py": 95,
 }
 
 

@@ -19,6 +19,7 @@ query keeps its position). Tested in ``tests/integration/test_runner.py::TestLos
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -102,3 +103,38 @@ def read_kafka_stream(spark: SparkSession, source: KafkaSource, settings: Settin
     """A streaming DataFrame of raw Kafka records with their coordinates."""
     stream = spark.readStream.format("kafka").options(**reader_options(source, settings)).load()
     return stream.select(*bronze_columns())
+
+
+#: librdkafka's own log lines are not the operator's story: the probe's result says it all.
+_QUIET_CLIENT = logging.getLogger("conflux.kafka_probe")
+_QUIET_CLIENT.setLevel(logging.CRITICAL)
+
+
+def broker_unreachable(source: KafkaSource, settings: Settings, timeout: float = 5.0) -> str | None:
+    """Why the source's brokers cannot be reached now, or None when they answer: an admin client
+    asks them for the cluster's metadata, as Spark's Kafka source will when the flow starts.
+
+    Only the address and ``kafka.security.protocol`` are passed on (a Java client's other options
+    do not translate to librdkafka's); a broker refusing the probe's authentication still
+    answered, so it counts as reachable and the flow's own client reports the refusal.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        servers = source.bootstrap_servers or settings.resolved_bootstrap_servers()
+    except ConfigError as exc:  # the local broker is stopped: its state file is gone
+        return str(exc)
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": servers}
+    protocol = source.options.get("kafka.security.protocol")
+    if protocol:
+        config["security.protocol"] = protocol
+    answered = {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+    try:
+        AdminClient(config, logger=_QUIET_CLIENT).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        if isinstance(error, KafkaError) and error.code() in answered:
+            return None
+        return f"brokers {servers} did not answer within {timeout:.0f} s ({error})"
+    return None

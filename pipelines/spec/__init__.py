@@ -2,12 +2,15 @@
 optionally on into silver (parsed events, a quarantine, current-state and history tables) and gold
 (windowed aggregates, stream-stream joins).
 
-A spec is parsed into frozen pydantic models and validated up front; every error names the file
-and the field (``flows/orders.yaml: source.topics: ...``), one error (the first) per
-:class:`SpecError`. Identifiers are checked against :data:`IDENTIFIER_RE`, so nothing
-user-written is pasted into SQL unchecked (except the SQL expressions a silver section declares
-as such: ``current.sequence_by`` and ``current.delete_when``). ``conflux schema`` prints the
-spec's JSON Schema (checked in as ``flows/flow.schema.json`` for editors).
+A spec is parsed into frozen pydantic models and validated up front; every problem names the
+file, the field and the fix (``flows/orders.yaml: source.topics: ...``). A :class:`SpecError`
+carries every problem found (:attr:`SpecError.problems`; its message is the first), and
+:func:`check_specs` every problem of a folder (``conflux validate`` lists them all). Identifiers
+are checked against :data:`IDENTIFIER_RE`, so nothing user-written is pasted into SQL unchecked
+except the SQL expressions a spec declares as such (``sequence_by``, ``delete_when``, an
+expectation's ``expr``, a join side's ``where``), whose column references are checked against
+the columns their stage will have (:mod:`.references`). ``conflux schema`` prints the spec's JSON
+Schema (checked in as ``flows/flow.schema.json`` for editors).
 
 Example::
 
@@ -33,6 +36,7 @@ The package, one job per module (each imports only those listed before it):
 - ``values``: value types of fields (``Identifier``, ``Duration``, ``Cron``, ...);
 - ``columns``: the columns and folders Conflux adds or reserves itself;
 - ``ddl``: the silver schema's DDL, parsed without Spark;
+- ``references``: the columns a SQL expression names, found without Spark;
 - ``expectations``: row expectations (rules from :mod:`quality.rules`) and table suites;
 - ``table``: a Delta table's name, location, features and layout (:class:`SilverTable`);
 - ``bronze``, ``silver``, ``gold``, ``maintenance``: the models of each part of a spec;
@@ -46,7 +50,7 @@ Import from ``pipelines.spec`` itself: the modules are its layout, not its inter
 
 from __future__ import annotations
 
-from .base import SpecError
+from .base import SpecError, SpecProblem
 from .bronze import (
     FILE_FORMATS,
     RESERVED_CHECKPOINT_NAMES,
@@ -68,6 +72,7 @@ from .columns import (
     JOIN_METADATA_COLUMNS,
     QUARANTINE_TABLE_COLUMNS,
     RESCUED_DATA_COLUMN,
+    SEQUENCE_INPUT_METADATA,
 )
 from .ddl import SchemaDDL, ddl_fields
 from .expectations import (
@@ -96,9 +101,10 @@ from .gold import (
     TimeBound,
     WindowSpec,
 )
-from .loading import load_spec, parse_spec
-from .lookup import join_input, join_readers, load_specs
+from .loading import load_spec, parse_spec, read_spec
+from .lookup import FolderCheck, check_specs, join_input, join_readers, load_specs
 from .maintenance import MaintenanceSpec
+from .references import ColumnReference, column_references
 from .schema import json_schema
 from .silver import (
     DEFAULT_SEQUENCE_BY,
@@ -159,6 +165,7 @@ __all__ = [
     "RESCUED_DATA_COLUMN",
     "RESERVED_CHECKPOINT_NAMES",
     "RETENTION_RE",
+    "SEQUENCE_INPUT_METADATA",
     "SILVER_CHAININGS",
     "SILVER_FORMATS",
     "SOURCE_KINDS",
@@ -169,12 +176,14 @@ __all__ = [
     "Aggregate",
     "AnyGold",
     "Bounds",
+    "ColumnReference",
     "Cron",
     "CurrentSpec",
     "Duration",
     "Expectation",
     "FileSource",
     "FlowSpec",
+    "FolderCheck",
     "Freshness",
     "GoldJoinSpec",
     "GoldSpec",
@@ -200,6 +209,7 @@ __all__ = [
     "SilverTable",
     "Source",
     "SpecError",
+    "SpecProblem",
     "SqlFragment",
     "StringMap",
     "TableLocation",
@@ -211,6 +221,8 @@ __all__ = [
     "TransformRef",
     "Trigger",
     "WindowSpec",
+    "check_specs",
+    "column_references",
     "ddl_fields",
     "duration_seconds",
     "join_input",
@@ -219,4 +231,5 @@ __all__ = [
     "load_spec",
     "load_specs",
     "parse_spec",
+    "read_spec",
 ]

@@ -7,21 +7,70 @@ model); :mod:`.errors` turns it into ``file: dotted.field: message`` of a :class
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from pipelines.errors import ConfigError
 
 
+@dataclass(frozen=True)
+class SpecProblem:
+    """One problem of a spec file: the file, and the line that names it and the fix
+    (``flows/orders.yaml: silver.current.keys: ...``)."""
+
+    file: str
+    line: str
+
+    def __str__(self) -> str:
+        return self.line
+
+
 class SpecError(ConfigError):
-    """A flow spec is invalid; the message names the file and the field."""
+    """A flow spec is invalid; the message names the file and the field.
+
+    The message is the first problem found, so a command stops at it; :attr:`problems` holds
+    every problem found (``conflux validate`` lists them all).
+    """
+
+    def __init__(self, message: str, problems: Sequence[SpecProblem] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+    @classmethod
+    def of(cls, problems: Sequence[SpecProblem]) -> SpecError:
+        """The error of ``problems`` (at least one): the first is its message."""
+        return cls(problems[0].line, problems)
 
 
 def _error(message: str, field: str = "") -> PydanticCustomError:
     """A validation error carrying our own wording; ``field`` is relative to the failing model."""
     return PydanticCustomError("conflux_spec", "{message}", {"message": message, "field": field})
+
+
+def _raise_all(errors: Iterable[PydanticCustomError], model: str) -> None:
+    """Raise every one of ``errors`` (a validator's :func:`_error` s) at once, so a spec with
+    several problems shows them all; nothing when there are none. Pydantic takes the line errors
+    of a :class:`ValidationError` raised in a validator as the validator's own."""
+    found = list(errors)
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        raise ValidationError.from_exception_data(
+            model, [InitErrorDetails(type=error, loc=(), input=None) for error in found]
+        )
+
+
+@dataclass(frozen=True)
+class UnknownKey:
+    """The value of a YAML key its model does not know, in place of the key's own: pydantic
+    refuses the key (``extra_forbidden``) and goes on to validate the other keys, so a typo hides
+    no other problem; :mod:`.errors` names the keys the model allows."""
+
+    allowed: tuple[str, ...]
 
 
 class _Model(BaseModel):
@@ -54,9 +103,17 @@ class _Model(BaseModel):
         keys = cls.yaml_keys()
         from_yaml = bool(info.context and info.context.get("yaml"))
         allowed = set(keys) if from_yaml else set(keys) | set(cls.model_fields)
-        unknown = sorted(str(key) for key in data if key not in allowed)
-        if unknown:
-            raise _error(f"unknown field; allowed: {', '.join(keys)}", unknown[0])
+        unknown = [key for key in data if key not in allowed]
+        # A field's own name where YAML spells it otherwise (``schema_ddl``) would be taken:
+        # refuse it here. Any other unknown key stands in for itself (see UnknownKey).
+        taken = sorted(
+            str(key) for key in unknown if not isinstance(key, str) or key in cls.model_fields
+        )
+        _raise_all(
+            (_error(f"unknown field; allowed: {', '.join(keys)}", key) for key in taken),
+            cls.__name__,
+        )
+        data = {k: UnknownKey(tuple(keys)) if k in unknown else v for k, v in data.items()}
         return cls._prepare({k: v for k, v in data.items() if v is not None}, info)
 
     @classmethod

@@ -76,6 +76,12 @@ class KafkaSource(_Model):
         default_factory=dict,
         description="Kafka client options passed through to Spark; only `kafka.*` keys.",
     )
+    unavailable_for: Duration = Field(
+        default="30 minutes",
+        description="How long `conflux run` of a continuous flow waits for an unreachable broker "
+        "(probing it with backoff, state `waiting for source`) before the flow fails with that "
+        "reason: long enough for a rolling restart or a maintenance window.",
+    )
 
     @field_validator("options")
     @classmethod

@@ -20,6 +20,13 @@ EVENT_METADATA_COLUMNS = (
     "_source_offset", "_source_timestamp", "_source_ts_ms", "_source_lsn", "_ingested_at",
     "_batch_id",
 )  # fmt: skip
+#: The metadata columns a parsed row has when silver computes ``delete_when`` and
+#: ``sequence_by`` over it (``_sequence``, ``_event_time``, ``_event_date`` and ``_batch_id`` are
+#: added after: see :func:`pipelines.silver.parse.parse_batch`).
+SEQUENCE_INPUT_METADATA = (
+    "_op", "_source_topic", "_source_partition", "_source_offset", "_source_timestamp",
+    "_source_ts_ms", "_source_lsn", "_ingested_at",
+)  # fmt: skip
 #: Columns silver adds to the current table and its deleted-keys side table.
 CURRENT_METADATA_COLUMNS = ("_sequence", "_op", "_event_time", "_updated_at", "_deleted_at")
 #: Columns silver adds to the history table after its keys and values.

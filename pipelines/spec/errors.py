@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from pydantic_core import ErrorDetails
 
+from .base import UnknownKey
 from .bronze import SOURCE_KINDS
 
 _TYPE_NAMES = {
@@ -58,6 +59,8 @@ def _describe(error: ErrorDetails) -> str:
     if kind == "conflux_spec":
         parts += [p for p in str(ctx.get("field", "")).split(".") if p]
         message = str(ctx["message"])
+    elif kind == "extra_forbidden" and isinstance(value, UnknownKey):
+        message = f"unknown field; allowed: {', '.join(value.allowed)}"
     elif kind == "missing":
         message = "is required"
     elif kind == "union_tag_not_found":

@@ -7,20 +7,22 @@ The tables a spec declares (:meth:`FlowSpec.tables`) are named with the catalog'
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 from pydantic import Field, StrictStr, ValidationInfo, model_validator
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from pipelines.catalog.roles import DeclaredTable, TableRole
 
-from .base import _error, _Model
+from .base import _error, _Model, _raise_all
 from .bronze import FileSource, KafkaSource, Source, Target, Trigger
-from .columns import GOLD_INPUT_METADATA
+from .columns import EVENT_METADATA_COLUMNS, GOLD_INPUT_METADATA
 from .ddl import _ddl_types
 from .gold import GoldJoinSpec, GoldSpec, GoldTable
 from .maintenance import MaintenanceSpec
+from .references import reference_problem
 from .silver import SilverSpec
 from .values import IDENTIFIER_RE, Identifier, Owner, TagMap
 
@@ -85,10 +87,21 @@ class FlowSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> FlowSpec:
+        """The parts fit together (every problem at once, each gold table's too)."""
+        _raise_all(
+            (
+                *self._part_problems(),
+                *(e for i, g in enumerate(self.gold) for e in self._gold_problems(g, f"gold.{i}")),
+            ),
+            type(self).__name__,
+        )
+        return self
+
+    def _part_problems(self) -> Iterator[PydanticCustomError]:
         if isinstance(self.source, FileSource) and "topic" in self.target.partition_by:
-            raise _error("a files source has no topic column", "target.partition_by")
+            yield _error("a files source has no topic column", "target.partition_by")
         if self.silver is not None and not isinstance(self.source, KafkaSource):
-            raise _error(
+            yield _error(
                 "silver parses Kafka payloads; a files source lands typed columns in bronze "
                 "already: silver over files is not supported yet",
                 "silver",
@@ -97,50 +110,73 @@ class FlowSpec(_Model):
         for declared in self.tables():
             table, role = declared.name, declared.role
             if table in seen:
-                raise _error(
+                yield _error(
                     f"{table!r} is already the {seen[table]} table; give each table of a flow "
                     "its own name",
                     role.name_field + (".table" if role is TableRole.BRONZE else ""),
                 )
-            seen[table] = declared.id
-        for index, gold in enumerate(self.gold):
-            self._check_gold(gold, f"gold.{index}")
-        return self
+            seen.setdefault(table, declared.id)
 
-    def _check_gold(self, gold: GoldSpec | GoldJoinSpec, field: str) -> None:
+    def _gold_problems(
+        self, gold: GoldSpec | GoldJoinSpec, field: str
+    ) -> Iterator[PydanticCustomError]:
         if self.silver is None:
-            raise _error("gold reads the silver events: declare a silver stage", field)
+            yield _error("gold reads the silver events: declare a silver stage", field)
+            return
         if isinstance(gold, GoldSpec):
-            self.check_event_columns(gold.input_columns(), gold.event_time, field)
+            yield from self.event_column_problems(gold.input_columns(), gold.event_time, field)
             return
         left = gold.join.left
-        self.check_event_columns(gold.side_columns("left"), left.event_time, f"{field}.join.left")
+        yield from self.event_column_problems(
+            gold.side_columns("left"), left.event_time, f"{field}.join.left", left.where
+        )
         if gold.join.right_flow(self.name) == self.name:
             right = gold.join.right
-            self.check_event_columns(
-                gold.side_columns("right"), right.event_time, f"{field}.join.right"
+            yield from self.event_column_problems(
+                gold.side_columns("right"), right.event_time, f"{field}.join.right", right.where
             )
 
-    def check_event_columns(self, columns: Iterable[str], event_time: str, field: str) -> None:
-        """``columns`` and the TIMESTAMP ``event_time`` are columns of the flow's silver events
-        (unknown until start when a transform may add columns)."""
+    def check_event_columns(
+        self, columns: Iterable[str], event_time: str, field: str, where: str | None = None
+    ) -> None:
+        """Raise the first of :meth:`event_column_problems`."""
+        for problem in self.event_column_problems(columns, event_time, field, where):
+            raise problem
+
+    def event_column_problems(
+        self, columns: Iterable[str], event_time: str, field: str, where: str | None = None
+    ) -> Iterator[PydanticCustomError]:
+        """``columns`` and the TIMESTAMP ``event_time`` are columns of the flow's silver events,
+        and the SQL condition ``where`` names only columns of its events table (all unknown
+        until start when a transform may add columns)."""
         silver = self.silver
         if silver is None:
-            raise _error(f"flow {self.name} has no silver stage, so no events to read", field)
+            yield _error(f"flow {self.name} has no silver stage, so no events to read", field)
+            return
         if silver.transform is not None:
             return  # the transform may add columns: the stage finds out at start
         types = {**_ddl_types(silver.schema_ddl), "_event_time": "timestamp"}
         names = ", ".join(dict.fromkeys((*types, *GOLD_INPUT_METADATA)))
         known = f"columns of the events of flow {self.name}: {names}"
-        for column in (*columns, event_time):
+        for column in dict.fromkeys((*columns, event_time)):
             if column not in types and column not in GOLD_INPUT_METADATA:
-                raise _error(f"{column!r} is not one of the {known}", field)
-        if not types.get(event_time, "").startswith(("timestamp", "date")):
-            raise _error(
-                f"{event_time!r} is {types.get(event_time)}; the event time must be a "
-                "TIMESTAMP column",
+                yield _error(f"{column!r} is not one of the {known}", field)
+        kind = types.get(event_time, "a metadata column")
+        known_column = event_time in types or event_time in GOLD_INPUT_METADATA
+        if known_column and not kind.startswith(("timestamp", "date")):
+            yield _error(
+                f"{event_time!r} is {kind}; the event time must be a TIMESTAMP column",
                 f"{field}.event_time",
             )
+        if where is not None:
+            problem = reference_problem(
+                where,
+                silver.columns(),
+                EVENT_METADATA_COLUMNS,
+                of=f"the events of flow {self.name}",
+            )
+            if problem is not None:
+                yield _error(problem, f"{field}.where")
 
     def tables(self) -> list[DeclaredTable]:
         """Every table the flow declares, in order: bronze, silver's, then each gold table's

@@ -7,6 +7,7 @@ late-data table and backfills; its columns are checked against the silver events
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import date
 from typing import Annotated, Any, Literal
 
@@ -20,8 +21,9 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from .base import _error, _Model
+from .base import _error, _Model, _raise_all
 from .columns import GOLD_METADATA_COLUMNS, JOIN_METADATA_COLUMNS
 from .table import SilverTable
 from .values import IDENTIFIER_RE, Cron, Duration, Identifier, TableLocation, duration_seconds
@@ -161,9 +163,31 @@ class _GoldTable(SilverTable):
                 "z_order_by",
                 "cluster_by",
             )
+        _raise_all(self._z_order_problems(), type(self).__name__)
         return self
 
+    def _z_order_problems(self) -> Iterator[PydanticCustomError]:
+        """``z_order_by`` names columns of the table, not its partition column (OPTIMIZE
+        Z-orders the files within a partition)."""
+        columns = self.table_columns()
+        for column in self.z_order_by:
+            if column == "_event_date":
+                yield _error(
+                    "'_event_date' partitions gold tables: OPTIMIZE Z-orders the files within "
+                    "a partition, by other columns",
+                    "z_order_by",
+                )
+            elif column not in columns:
+                yield _error(
+                    f"{column!r} is not a column of the gold table ({', '.join(columns)})",
+                    "z_order_by",
+                )
+
     def design_key(self) -> str:
+        raise NotImplementedError
+
+    def table_columns(self) -> tuple[str, ...]:
+        """The gold table's columns, in order."""
         raise NotImplementedError
 
     def closing_delay_seconds(self) -> int:

@@ -2,51 +2,103 @@
 
 Flows meet through gold joins (a join reads another flow's silver events), so a folder's specs
 are checked together (unique names and tables, joins that resolve), and a single spec finds the
-flows it reads, or that read it, by reading the YAML files beside it.
+flows it reads, or that read it, by reading the YAML files beside it. :func:`check_specs` finds
+every problem of a folder (``conflux validate``); :func:`load_specs` raises the first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic_core import PydanticCustomError
 
-from .base import SpecError
+from .base import SpecError, SpecProblem
 from .flow import FlowSpec
 from .gold import GoldJoinSpec
-from .loading import load_spec, parse_spec
+from .loading import parse_spec, read_spec
+
+
+@dataclass(frozen=True)
+class FolderCheck:
+    """What checking a folder of specs found: its spec files, the specs that validate on their
+    own (sorted by name), and every problem, of one file or between files."""
+
+    folder: Path
+    files: tuple[str, ...]
+    specs: tuple[FlowSpec, ...]
+    problems: tuple[SpecProblem, ...]
+
+    def raise_any(self) -> None:
+        """Raise the problems (the first as the message), if any."""
+        if self.problems:
+            raise SpecError.of(self.problems)
+
+
+def check_specs(folder: Path) -> FolderCheck:
+    """Check every spec in ``folder`` (``*.yaml``), each on its own, then together: flow and table
+    names are unique (the tables of every stage), and joins resolve. A join that reads a flow
+    whose own spec does not validate is left to that spec's problems."""
+    files = sorted(folder.glob("*.yaml"))
+    specs: list[FlowSpec] = []
+    problems: list[SpecProblem] = []
+    broken: dict[str, str] = {}  # the flows whose specs do not validate: name -> file
+    for path in files:
+        data: Any = None
+        try:
+            data = read_spec(path)
+            specs.append(parse_spec(data, where=str(path)))
+        except SpecError as exc:
+            problems += exc.problems or [SpecProblem(str(path), str(exc))]
+            if isinstance(data, dict) and isinstance(data.get("name"), str):
+                broken.setdefault(data["name"], str(path))
+    specs.sort(key=lambda s: s.name)
+    problems += _folder_problems(specs, broken)
+    return FolderCheck(folder, tuple(map(str, files)), tuple(specs), tuple(problems))
 
 
 def load_specs(folder: Path) -> list[FlowSpec]:
-    """All specs in ``folder`` (``*.yaml``), sorted by name; flow and table names must be unique
-    (the tables of every stage: bronze and silver)."""
-    specs = sorted((load_spec(p) for p in sorted(folder.glob("*.yaml"))), key=lambda s: s.name)
-    names: dict[str, str] = {}
+    """All specs in ``folder`` (``*.yaml``), sorted by name, checked by :func:`check_specs`.
+
+    Raises:
+        SpecError: the first problem found (:attr:`SpecError.problems`: all of them).
+    """
+    check = check_specs(folder)
+    check.raise_any()
+    return list(check.specs)
+
+
+def _folder_problems(specs: list[FlowSpec], broken: dict[str, str]) -> Iterator[SpecProblem]:
+    """Flow and table names used twice (a flow's name also by a spec that does not validate),
+    joins that do not resolve."""
+    names: dict[str, str] = dict(broken)
     for spec in specs:
         if spec.name in names:
-            raise SpecError(
-                f"{spec.spec_file}: name: {spec.name!r} is already used by {names[spec.name]}"
-            )
-        names[spec.name] = spec.spec_file
+            line = f"{spec.spec_file}: name: {spec.name!r} is already used by {names[spec.name]}"
+            yield SpecProblem(spec.spec_file, line)
+        names.setdefault(spec.name, spec.spec_file)
     tables: dict[str, str] = {}
     for spec in specs:
         for declared in spec.tables():
             table = declared.name
             if table in tables:
-                raise SpecError(
+                line = (
                     f"{spec.spec_file}: {declared.role.name_field}: {table!r} is already used by "
                     f"{tables[table]}"
                 )
-            tables[table] = spec.spec_file
+                yield SpecProblem(spec.spec_file, line)
+            tables.setdefault(table, spec.spec_file)
     by_name = {spec.name: spec for spec in specs}
     for spec in specs:
         for index, gold in enumerate(spec.gold):
-            if isinstance(gold, GoldJoinSpec):
-                join_input(spec, gold, by_name, f"gold.{index}")
-    return specs
+            if isinstance(gold, GoldJoinSpec) and gold.join.right_flow(spec.name) not in broken:
+                try:
+                    join_input(spec, gold, by_name, f"gold.{index}")
+                except SpecError as exc:
+                    yield SpecProblem(spec.spec_file, str(exc))
 
 
 def join_input(
@@ -80,8 +132,9 @@ def join_input(
             f"({', '.join(sorted(known)) or 'none'}); name one of them"
         )
     try:
+        right = gold.join.right
         other.check_event_columns(
-            gold.side_columns("right"), gold.join.right.event_time, f"{field}.join.right"
+            gold.side_columns("right"), right.event_time, f"{field}.join.right", right.where
         )
     except PydanticCustomError as exc:
         context = exc.context or {}

@@ -1,28 +1,32 @@
 """The silver part of a spec: parsing, the current-state and history tables, schema changes.
 
-Columns are checked against the declared schema here (keys, sequences, kept and tracked columns,
-expectation and suite columns), so a spec that loads names only columns its stage will have.
+Columns are checked against the declared schema here (keys, kept and tracked columns, the columns
+the ``sequence_by`` and ``delete_when`` expressions and the expectations name, suite and layout
+columns), every problem at once, so a spec that loads names only columns its stage will have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from pydantic import ConfigDict, Field, StrictBool, model_validator
+from pydantic_core import PydanticCustomError
 
-from .base import _error, _Model
+from .base import _error, _Model, _raise_all
 from .columns import (
     CURRENT_METADATA_COLUMNS,
     EVENT_METADATA_COLUMNS,
     HISTORY_METADATA_COLUMNS,
     QUARANTINE_TABLE_COLUMNS,
     RESCUED_DATA_COLUMN,
+    SEQUENCE_INPUT_METADATA,
 )
 from .ddl import SchemaDDL, _ddl_columns, _ddl_types
 from .expectations import Expectation
+from .references import reference_problem
 from .table import SilverTable
-from .values import IDENTIFIER_RE, Identifier, Retention, SqlFragment, TransformRef
+from .values import Identifier, Retention, SqlFragment, TransformRef
 
 SILVER_FORMATS = ("json", "debezium")
 SILVER_CHAININGS = ("stream", "bronze_batch")
@@ -313,52 +317,66 @@ class SilverSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> SilverSpec:
+        """Every column the section names is one its stage will have (every problem at once)."""
         columns = self.columns()
-        known = f"columns of schema: {', '.join(columns)}"
-        if self.event_time is not None and self.event_time not in self.declared_columns():
-            raise _error(f"{self.event_time!r} is not a column of schema ({known})", "event_time")
-        if self.event_time is not None:
-            kind = _ddl_types(self.schema_ddl)[self.event_time]
-            if not kind.startswith(("timestamp", "date")):
-                raise _error(
-                    f"{self.event_time!r} is {kind}; the event time must be a TIMESTAMP or DATE "
-                    "column (declare epoch values as TIMESTAMP in the schema, or leave event_time "
-                    "out to use the source's time)",
-                    "event_time",
-                )
-        self._check_history(columns, known)
-        self._check_expectations(columns, known)
-        self._check_suites(columns)
+        _raise_all(
+            (
+                *self._event_time_problems(),
+                *self._current_problems(columns),
+                *self._history_problems(columns),
+                *self._expectation_problems(columns),
+                *self._table_problems(columns),
+            ),
+            type(self).__name__,
+        )
+        return self
+
+    def _known(self, columns: tuple[str, ...]) -> str:
+        return f"columns of schema: {', '.join(columns)}"
+
+    def _event_time_problems(self) -> Iterator[PydanticCustomError]:
+        if self.event_time is None:
+            return
+        if self.event_time not in self.declared_columns():
+            known = self._known(self.columns())
+            yield _error(f"{self.event_time!r} is not a column of schema ({known})", "event_time")
+            return
+        kind = _ddl_types(self.schema_ddl)[self.event_time]
+        if not kind.startswith(("timestamp", "date")):
+            yield _error(
+                f"{self.event_time!r} is {kind}; the event time must be a TIMESTAMP or DATE "
+                "column (declare epoch values as TIMESTAMP in the schema, or leave event_time "
+                "out to use the source's time)",
+                "event_time",
+            )
+
+    def _current_problems(self, columns: tuple[str, ...]) -> Iterator[PydanticCustomError]:
         current = self.current
         if current is None:
-            return self
+            return
         for name in ("keys", "columns", "except_columns"):
             for column in getattr(current, name):
                 if column not in columns:
-                    raise _error(
-                        f"{column!r} is not a column of schema ({known})", f"current.{name}"
+                    yield _error(
+                        f"{column!r} is not a column of schema ({self._known(columns)})",
+                        f"current.{name}",
                     )
         kept = current.kept_columns(columns)
         for column in current.partition_by:
             if column not in kept:
-                raise _error(
+                yield _error(
                     f"{column!r} is not a column of the current table ({', '.join(kept)})",
                     "current.partition_by",
                 )
-        if current.delete_when is not None and self.format != "json":
-            raise _error(
-                "only with format json (debezium deletes are the events with op = 'd')",
-                "current.delete_when",
-            )
-        self._check_sequence(current.sequence_by, "current.sequence_by", columns)
-        return self
+        yield from self._expression_problems(current, "current")
 
-    def _check_history(self, columns: tuple[str, ...], known: str) -> None:
+    def _history_problems(self, columns: tuple[str, ...]) -> Iterator[PydanticCustomError]:
         history, current = self.history, self.current
         if history is None:
             return
         if not history.keys and current is None:
-            raise _error("is required without a current table", "history.keys")
+            yield _error("is required without a current table", "history.keys")
+            return
         keys = self.history_keys
         for name, names in (
             ("keys", history.keys),
@@ -367,31 +385,58 @@ class SilverSpec(_Model):
         ):
             for column in names:
                 if column not in columns:
-                    raise _error(
-                        f"{column!r} is not a column of schema ({known})", f"history.{name}"
+                    yield _error(
+                        f"{column!r} is not a column of schema ({self._known(columns)})",
+                        f"history.{name}",
                     )
         for name in ("track_history", "track_history_except"):
             named_keys = [c for c in getattr(history, name) if c in keys]
             if named_keys:
-                raise _error(
+                yield _error(
                     f"may not name a key column ({', '.join(named_keys)}): a key identifies "
                     "the versions",
                     f"history.{name}",
                 )
-        if history.delete_when is not None and self.format != "json":
-            raise _error(
-                "only with format json (debezium deletes are the events with op = 'd')",
-                "history.delete_when",
-            )
         for name in ("sequence_by", "delete_when"):
             mine, theirs = getattr(history, name), getattr(current, name, None)
             if mine is not None and theirs is not None and mine != theirs:
-                raise _error(
+                yield _error(
                     f"{mine!r} differs from current.{name} {theirs!r}: the tables of one silver "
                     f"stage share one {name}; leave history.{name} out",
                     f"history.{name}",
                 )
-        self._check_sequence(history.sequence_by, "history.sequence_by", columns)
+        yield from self._expression_problems(history, "history")
+
+    def _expression_problems(
+        self, table: CurrentSpec | HistorySpec, field: str
+    ) -> Iterator[PydanticCustomError]:
+        """``sequence_by`` and ``delete_when`` of ``table`` name columns the parsed row has when
+        they are computed: the declared ones and :data:`SEQUENCE_INPUT_METADATA` (a sequence not
+        the format's always-null ones). The history table's, when the current table's is the
+        same, is the current table's problem."""
+        null = _NULL_METADATA[self.format]
+        for name, expression, skipped in (
+            ("sequence_by", table.sequence_by, null),
+            ("delete_when", table.delete_when, ()),
+        ):
+            shared = field == "history" and expression == getattr(self.current, name, None)
+            if expression is None or shared:
+                continue
+            if name == "delete_when" and self.format != "json":
+                yield _error(
+                    "only with format json (debezium deletes are the events with op = 'd')",
+                    f"{field}.delete_when",
+                )
+                continue
+            note = f"; {' and '.join(null)} are null in format {self.format}" if skipped else ""
+            problem = reference_problem(
+                expression,
+                self.declared_columns(),
+                [c for c in SEQUENCE_INPUT_METADATA if c not in skipped],
+                note=note,
+            )
+            if problem is not None:
+                yield _error(problem, f"{field}.{name}")
 
     def _table_columns(self, columns: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         """The columns of each silver table, by spec field (before any transform)."""
@@ -405,46 +450,58 @@ class SilverSpec(_Model):
             tables["history"] = (*columns, *HISTORY_METADATA_COLUMNS)
         return tables
 
-    def _check_suites(self, columns: tuple[str, ...]) -> None:
-        if self.transform is not None:
-            return  # the transform may add columns: the suite finds out at run time
+    def _table_problems(self, columns: tuple[str, ...]) -> Iterator[PydanticCustomError]:
+        """The columns of each table's suite, ``z_order_by`` and ``cluster_by`` are the table's
+        (unknown until start for a table a transform writes: it may add columns); OPTIMIZE cannot
+        Z-order by a partition column."""
+        partitions = {
+            "events": ("_event_date",),
+            "current": getattr(self.current, "partition_by", ()),
+        }
         for field, table_columns in self._table_columns(columns).items():
-            suite = getattr(self, field).suite
-            for column in suite.columns() if suite else ():
-                if column not in table_columns:
-                    raise _error(
-                        f"{column!r} is not a column of the {field} table "
-                        f"({', '.join(table_columns)})",
-                        f"{field}.suite",
-                    )
+            if self.transform is not None and field != "quarantine":
+                continue
+            table: SilverTable = getattr(self, field)
+            named = [
+                ("suite", table.suite.columns() if table.suite else []),
+                ("z_order_by", table.z_order_by),
+                ("cluster_by", table.cluster_by),
+            ]
+            for name, names in named:
+                for column in names:
+                    if column not in table_columns:
+                        yield _error(
+                            f"{column!r} is not a column of the {field} table "
+                            f"({', '.join(table_columns)})",
+                            f"{field}.{name}",
+                        )
+                    elif name == "z_order_by" and column in partitions.get(field, ()):
+                        yield _error(
+                            f"{column!r} is a partition column of the {field} table: OPTIMIZE "
+                            "Z-orders the files within a partition, by other columns",
+                            f"{field}.z_order_by",
+                        )
 
-    def _check_expectations(self, columns: tuple[str, ...], known: str) -> None:
+    def _expectation_problems(self, columns: tuple[str, ...]) -> Iterator[PydanticCustomError]:
+        """Expectations have distinct names, and name columns of the parsed row: the schema's
+        and :data:`EVENT_METADATA_COLUMNS` (they are judged before the transform)."""
+        known = self._known(columns)
         seen: set[str] = set()
         for index, expectation in enumerate(self.expectations):
             if expectation.name in seen:
-                raise _error(
+                yield _error(
                     f"{expectation.name!r} is the name of an earlier expectation; give each its own",
                     f"expectations.{index}.name",
                 )
             seen.add(expectation.name)
             for column in expectation.columns():
                 if column not in columns and column not in EVENT_METADATA_COLUMNS:
-                    raise _error(
+                    yield _error(
                         f"{column!r} is neither a column of schema ({known}) nor a metadata "
                         f"column ({', '.join(EVENT_METADATA_COLUMNS)})",
                         f"expectations.{index}.args.column",
                     )
-
-    def _check_sequence(self, sequence: str | None, field: str, columns: tuple[str, ...]) -> None:
-        if sequence is not None and IDENTIFIER_RE.match(sequence):
-            metadata = [
-                c
-                for c in EVENT_METADATA_COLUMNS
-                if c not in ("_sequence", "_event_date") and c not in _NULL_METADATA[self.format]
-            ]
-            if sequence not in columns and sequence not in metadata:
-                raise _error(
-                    f"{sequence!r} is neither a column of schema nor one of {', '.join(metadata)} "
-                    f"(format {self.format}); give a column or a SQL expression",
-                    field,
-                )
+            if expectation.expr is not None:
+                problem = reference_problem(expectation.expr, columns, EVENT_METADATA_COLUMNS)
+                if problem is not None:
+                    yield _error(problem, f"expectations.{index}.expr")

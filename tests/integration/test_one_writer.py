@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,14 +19,16 @@ import yaml
 
 from pipelines.catalog.state import FlowState
 from pipelines.location import Location
+from pipelines.run_state import Phase, RunState, flow_run_state
 from pipelines.settings import Settings
-from pipelines.spec import load_spec
+from pipelines.spec import FlowSpec, load_spec
+from tests.support.dagster_ui import command_line, processes_matching
 from tests.support.delta_read import delta_table
 from tests.support.kafka import create_topic, order_payloads, produce
+from tests.support.runner import CONFLUX, CliProcess
 from tests.support.runtime import KafkaBroker, settings_env
 
 pytestmark = pytest.mark.timeout(900)
-CONFLUX = str(Path(sys.executable).parent / "conflux")
 RECORDS = 12_000
 
 
@@ -46,35 +47,30 @@ def batch_in_flight(checkpoint: Location) -> int | None:
     return max(running) if running else None
 
 
-class Cli:
-    """`conflux ...` in its own process group, as a terminal would run it."""
-
-    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
-        self.log = log
-        self._out = log.open("wb")
-        self.process = subprocess.Popen(
-            [CONFLUX, *args], env=env, stdout=self._out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def ctrl_c(self) -> None:
-        """What a terminal's Ctrl-C does: SIGINT to the foreground process group."""
-        os.killpg(self.process.pid, signal.SIGINT)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout=timeout)
-        finally:
-            self._out.close()
-
-
 def run_cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [CONFLUX, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def kill_application(locations: FlowState) -> str:
+    """SIGKILL the running application's process group (its spark-submit JVM and Python driver,
+    in a session of their own); returns its lease owner."""
+    term = locations.lease_store().latest()
+    assert term is not None and term.live(), term
+    jvms = [p for p in processes_matching(term.owner) if "SparkSubmit" in command_line(p)]
+    assert jvms, f"no Spark application of {term.owner}"
+    os.killpg(os.getpgid(min(jvms)), signal.SIGKILL)
+    return term.owner
+
+
+def wait_for_state(spec: FlowSpec, settings: Settings, phase: Phase, timeout: float) -> RunState:
+    """The flow's state once it is ``phase`` (polled every 50 ms: a restart's wait is seconds)."""
+    deadline = time.monotonic() + timeout
+    while (state := flow_run_state(spec, settings)).phase is not phase:
+        assert time.monotonic() < deadline, f"not {phase.value} after {timeout:.0f} s: {state}"
+        time.sleep(0.05)
+    return state
 
 
 @pytest.fixture
@@ -90,7 +86,11 @@ def flow(spark_settings: Settings, kafka_broker: KafkaBroker, tmp_path: Path) ->
                 "name": "one_writer",
                 "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 600},
                 "target": {"table": "bronze_one_writer"},
-                "trigger": {"mode": "continuous", "interval": "1 second"},
+                "trigger": {
+                    "mode": "continuous",
+                    "interval": "1 second",
+                    "restart_delay": "3 seconds",
+                },
             }
         )
     )
@@ -106,7 +106,7 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     records = order_payloads(RECORDS)
     produce(kafka_broker.bootstrap_servers, topic, records[: RECORDS // 2])
 
-    first = Cli(env, tmp_path / "first.log", "run", "one_writer", "--continuous")
+    first = CliProcess(env, tmp_path / "first.log", "run", "one_writer", "--continuous")
     wait_for(lambda: "conflux.progress " in first.output(), 300, "the first run's first batch")
 
     # A second launch from another terminal: refused before any Spark starts.
@@ -156,7 +156,7 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
         300,
         "a batch in flight",
     )
-    first.ctrl_c()
+    first.interrupt()  # a terminal's Ctrl-C
     assert first.wait(timeout=240) == 0, first.output()[-4000:]
     output = first.output()
     assert "SIGINT: stopping after the in-flight batch commits" in output
@@ -165,8 +165,18 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     lease = locations.lease_store().latest()
     assert lease is not None and lease.released, "the launcher releases the lease at exit"
 
-    # A new continuous run catches up and is stopped through the stop channel.
-    again = Cli(env, tmp_path / "again.log", "run", "one_writer", "--continuous")
+    # A new continuous run; its Spark application is killed (kill -9 of its process group) after
+    # its first batch: `conflux run` starts it again by itself, from the checkpoint. It catches up
+    # and is stopped through the stop channel.
+    again = CliProcess(env, tmp_path / "again.log", "run", "one_writer", "--continuous")
+    spec = load_spec(spec_file)
+    wait_for(lambda: "conflux.progress " in again.output(), 300, "the new run's first batch")
+    killed = kill_application(locations)
+    restarting = wait_for_state(spec, spark_settings, Phase.RESTARTING, 60)
+    assert "attempt 1 of 5" in restarting.summary, restarting.summary
+    assert "exited with code 137 without recording why" in restarting.summary
+    running = wait_for_state(spec, spark_settings, Phase.RUNNING, 120)
+    assert running.owner != killed
     table = locations.table
     wait_for(
         lambda: delta_table(table).to_pyarrow_table(columns=["offset"]).num_rows >= RECORDS,
@@ -176,6 +186,9 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     stop = run_cli(env, "stop", "one_writer", timeout=240)
     assert stop.returncode == 0 and "flow one_writer stopped" in stop.stdout, stop.stdout
     assert again.wait(timeout=120) == 0, again.output()[-4000:]
+    assert "restart 1 of 5 in 3 s" in again.output()
+    status = run_cli(env, "status", "one_writer")
+    assert "stopped on request by conflux stop (user " in status.stdout, status.stdout
 
     rows = delta_table(table).to_pyarrow_table(columns=["key", "value", "partition", "offset"])
     assert rows.num_rows == RECORDS

@@ -7,11 +7,15 @@
 * a deleted topic fails the run, whether it was deleted between runs or during one, and nothing that
   was already committed is duplicated;
 * a broker restart in the middle of a continuous run: the stream recovers by itself, and every record
-  lands exactly once.
+  lands exactly once;
+* and the other side: the bronze table's disk fills up (a tmpfs of 8 MB, root only) under a run
+  that writes 12 MB: the flow stops as ``disk_full`` naming the volume, and its committed batch is
+  whole.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -32,11 +36,14 @@ from pipelines.location import Location
 from pipelines.messages import FlowStopped, StopReason
 from pipelines.progress import BatchCommit, BatchProgress, ProgressTracker
 from pipelines.reporting import PROGRESS_PREFIX, Reporter
+from pipelines.run_state import Phase, flow_run_state
 from pipelines.runner import EXIT_FAILED, EXIT_OK, StopRequest, run_flows
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec, parse_spec
+from pipelines.status import FlowStatus
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.support.delta_read import delta_table
+from tests.support.disk import tmpfs
 from tests.support.kafka import (
     LARGE_RECORD_PRODUCER_CONFIG,
     LARGE_RECORD_TOPIC_CONFIG,
@@ -48,7 +55,7 @@ from tests.support.kafka import (
     produce,
     wait_topic_deleted,
 )
-from tests.support.runner import RunnerProcess
+from tests.support.runner import CliProcess, wait_until
 from tests.support.runtime import KafkaBroker, ServiceCli, settings_env
 
 #: What Spark 4.1.3 reports when a subscribed topic no longer exists. Its Kafka source plans each
@@ -157,6 +164,14 @@ def kafka_spec(name: str, topic: str, trigger: dict[str, str] | None = None, **s
 
 def table_of(spec: FlowSpec, settings: Settings) -> str:
     return str(FlowState.of(spec, settings).table)
+
+
+def delta_rows(table: str) -> int:
+    """Rows of a bronze table as delta-rs reads it (0 before its first commit)."""
+    try:
+        return delta_table(table).to_pyarrow_table(columns=["offset"]).num_rows
+    except Exception:
+        return 0
 
 
 def assert_every_record_once(spark: SparkSession, table: str, expected: dict[int, int]) -> None:
@@ -331,80 +346,128 @@ class TestDeletedTopic:
         assert_every_record_once(spark, table_of(spec, spark_settings), expected)
 
 
-def progress_after(output: str, marker: int) -> list[dict[str, Any]]:
-    """The progress lines printed after character ``marker`` of the runner's output."""
-    return [
-        json.loads(line.split(PROGRESS_PREFIX, 1)[1])
-        for line in output[marker:].splitlines()
-        if line.startswith(PROGRESS_PREFIX)
-    ]
+class TestFullDisk:
+    def test_a_full_disk_stops_the_flow_as_disk_full_on_its_volume_and_loses_nothing(
+        self,
+        spark: SparkSession,
+        spark_settings: Settings,
+        kafka_broker: KafkaBroker,
+        tmp_path: Path,
+    ) -> None:
+        bootstrap, topic = kafka_broker.bootstrap_servers, "full_disk"
+        create_topic(bootstrap, topic, partitions=1)
+        with tmpfs(tmp_path / "lake", size="8m") as volume:  # the table's; the state is elsewhere
+            table = volume / "bronze_full_disk"
+            spec = parse_spec(
+                {
+                    "name": topic,
+                    "source": {"kind": "kafka", "topics": [topic]},
+                    "target": {"table": "bronze_full_disk", "path": str(table)},
+                }
+            )
+            produce(bootstrap, topic, order_payloads(20))
+            first = run_flows(
+                [spec], spark_settings, Reporter(), StopRequest(None), "available_now", spark=spark
+            )
+            assert first == EXIT_OK
+            produce(bootstrap, topic, [(None, os.urandom(256 * 1024)) for _ in range(48)])
+            reporter = RecordingReporter()
+            code = run_flows(
+                [spec], spark_settings, reporter, StopRequest(None), "available_now", spark=spark
+            )
 
-
-def offsets_total(offsets: Any, topic: str) -> int:
-    return sum(int(o) for o in (offsets or {}).get(topic, {}).values())
+            assert code == EXIT_FAILED
+            [stopped] = reporter.stops
+            assert (stopped.flow, stopped.reason) == (topic, StopReason.DISK_FULL)
+            assert stopped.message.startswith(
+                f"flow {topic} failed: disk full on {volume}: writing {table} failed "
+                f"({os.strerror(errno.ENOSPC)}); free space there"
+            ), stopped.message
+            status_file = FlowState.of(spec, spark_settings).status_file
+            recorded = FlowStatus.parse(json.loads(status_file.read_text())).stopped
+            assert recorded is not None
+            assert (recorded.reason, recorded.message) == (StopReason.DISK_FULL, stopped.message)
+            assert spark.read.format("delta").load(str(table)).count() == 20  # batch 0, whole
 
 
 class TestBrokerRestart:
-    def test_the_stream_survives_a_broker_restart_and_lands_every_record_once(
+    def test_conflux_run_waits_for_the_broker_and_lands_every_record_once(
         self,
         spark: SparkSession,
         spark_settings: Settings,
         broker_cli: ServiceCli,
         tmp_path: Path,
     ) -> None:
+        """``conflux run --continuous``, unattended, through a broker outage longer than its Kafka
+        client waits (timeouts scaled down to 3 s; 5 minutes in ``make chaos``): the query fails
+        with ``source_error``, the supervisor probes the broker and says "waiting for source",
+        then starts the flow again from its checkpoint once the broker answers."""
         broker_dir = tmp_path / "dedicated-broker"
         started = broker_cli.run("start", "--timeout", "120", runtime_dir=broker_dir)
         assert started.returncode == 0, broker_cli.describe(started)
         state = broker_cli.parse(started)
         bootstrap, topic = state["bootstrap_servers"], "restart_orders"
-        runner: RunnerProcess | None = None
+        cli: CliProcess | None = None
         try:
             create_topic(bootstrap, topic, partitions=3)
             records = order_payloads(20_000)
             produce(bootstrap, topic, records)
+            quick = {"kafka.default.api.timeout.ms": "3000", "kafka.request.timeout.ms": "3000"}
             spec_file = write_spec(
                 tmp_path / "flows",
                 {
                     "name": "broker_restart",
-                    "source": {"kind": "kafka", "topics": [topic], "max_offsets_per_trigger": 5000},
+                    "source": {
+                        "kind": "kafka",
+                        "topics": [topic],
+                        "max_offsets_per_trigger": 5000,
+                        "options": quick,
+                        "unavailable_for": "5 minutes",
+                    },
                     "target": {"table": "bronze_broker_restart"},
                     "trigger": {"mode": "continuous", "interval": "1 second"},
                 },
             )
+            spec = load_spec(spec_file)
             settings = replace(spark_settings, kafka_bootstrap_servers=bootstrap)
-            runner = RunnerProcess([spec_file], settings_env(settings), tmp_path / "run.log")
-            assert runner.wait_for_progress(1, timeout=240), runner.output()[-3000:]
+            env = {**settings_env(settings), "CONFLUX_FLOWS_DIR": str(spec_file.parent)}
+            cli = CliProcess(env, tmp_path / "run.log", "run", "broker_restart", "--continuous")
+            wait_until(lambda: PROGRESS_PREFIX in cli.output(), 240, "a first batch", cli)
 
             stopped = broker_cli.run("stop", runtime_dir=broker_dir, timeout=90)
             assert stopped.returncode == 0, broker_cli.describe(stopped)
-            time.sleep(15)  # the broker stays down; the runner keeps retrying
-            assert runner.process.poll() is None, runner.output()[-3000:]
-            # As `make broker-start` does: no port given, it comes back where the runner expects it.
+            waiting = wait_until(
+                lambda: [s for s in [flow_run_state(spec, settings)]
+                         if s.phase is Phase.WAITING_FOR_SOURCE],
+                120, "the supervisor to wait for the source", cli,
+            )[0]  # fmt: skip
+            assert "flow broker_restart failed: source_error" in waiting.summary, waiting.summary
+            # As `make broker-start` does: no port given, it comes back where the flow expects it.
             restarted = broker_cli.run("start", "--timeout", "120", runtime_dir=broker_dir)
             assert restarted.returncode == 0, broker_cli.describe(restarted)
             assert broker_cli.parse(restarted)["bootstrap_servers"] == bootstrap
-            marker = len(runner.output())
             more = order_payloads(5_000, start=20_000)
             produce(bootstrap, topic, more)
             expected = end_offsets(bootstrap, topic)
             assert sum(expected.values()) == 25_000  # the restarted broker kept the first 20 000
 
-            # Recovered by itself: the same process commits a batch planned after the restart,
-            # one that already sees the records produced then.
-            deadline = time.monotonic() + 180
-            while not any(
-                offsets_total(p["latest_offsets"], topic) == 25_000
-                for p in progress_after(runner.output(), marker)
-            ):
-                assert runner.process.poll() is None, runner.output()[-5000:]
-                assert time.monotonic() < deadline, runner.output()[-5000:]
-                time.sleep(0.5)
-            runner.terminate()
-            assert runner.wait(timeout=180) == EXIT_OK, runner.output()[-5000:]
-            assert "stopping gracefully (SIGTERM)" in runner.output()
+            # Started again by itself, from the checkpoint: it reaches the records produced now.
+            wait_until(
+                lambda: (
+                    flow_run_state(spec, settings).phase is Phase.RUNNING
+                    and delta_rows(table_of(spec, settings)) == 25_000
+                ),
+                240,
+                "the flow to run again and catch up",
+                cli,
+            )
+            output = cli.output()
+            assert "waiting for the source since" in output and "the source answers again" in output
+            cli.interrupt()
+            assert cli.wait(timeout=180) == EXIT_OK, cli.output()[-5000:]
+            assert flow_run_state(spec, settings).phase is Phase.STOPPED
 
-            # The rest in one available_now run (in-process: the shared session, same checkpoint).
-            spec = load_spec(spec_file)
+            # Nothing left: one available_now run (in-process: the shared session) finds none.
             final = run_flows(
                 [spec], settings, Reporter(), StopRequest(None), "available_now", spark=spark
             )
@@ -416,7 +479,7 @@ class TestBrokerRestart:
                 records + more
             )
         finally:
-            if runner is not None and runner.process.poll() is None:
-                runner.kill()
+            if cli is not None and cli.process.poll() is None:
+                cli.kill()
             stop = broker_cli.run("stop", runtime_dir=broker_dir, timeout=90)
             assert stop.returncode == 0, broker_cli.describe(stop)

@@ -7,9 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from pipelines.settings import PROJECT_ROOT
+
+T = TypeVar("T")
 
 
 class RunnerProcess:
@@ -59,3 +63,53 @@ class RunnerProcess:
             return self.process.wait(timeout=timeout)
         finally:
             self._out.close()
+
+
+#: The ``conflux`` console script of this environment.
+CONFLUX = str(Path(sys.executable).parent / "conflux")
+
+
+class CliProcess:
+    """``conflux <args>`` in its own process group, as a terminal runs it; output to a file."""
+
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.process = subprocess.Popen(
+            [CONFLUX, *args], env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def interrupt(self) -> None:
+        """What a terminal's Ctrl-C does: SIGINT to the foreground process group."""
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def kill(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.wait(timeout=60)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._out.close()
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout: float, what: str, alive: CliProcess | None = None
+) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``, or
+    as soon as ``alive`` exited, with the end of its output."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if alive is not None:
+            assert alive.process.poll() is None, f"exited before {what}:\n{alive.output()[-4000:]}"
+        tail = alive.output()[-4000:] if alive is not None else ""
+        assert time.monotonic() < deadline, (
+            f"timed out after {timeout:.0f} s waiting for {what}\n{tail}"
+        )
+        time.sleep(0.2)
+    return value

@@ -1,5 +1,8 @@
 """The `conflux` console script's commands that need no Spark: validate, flows, status, stop."""
 
+import json
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -10,15 +13,6 @@ from pipelines.cli import main
 from pipelines.lease import FileLeaseStore, FlowLease
 from pipelines.settings import load_settings
 from pipelines.spec import load_spec
-
-
-@pytest.fixture
-def flows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "flows"
-    folder.mkdir()
-    monkeypatch.setenv("CONFLUX_RUNTIME_DIR", str(tmp_path / "runtime"))
-    monkeypatch.setenv("CONFLUX_FLOWS_DIR", str(folder))
-    return folder
 
 
 def write(folder: Path, name: str, **target: str) -> Path:
@@ -57,12 +51,14 @@ def test_flows_status_and_stop_follow_the_lease(
     assert "never run" in capsys.readouterr().out
     locations = FlowState.of(spec, load_settings())
     FlowLease("a", FileLeaseStore(locations.lease_dir.path), "cli-123", {"pid": "1"}).acquire()
-    assert main(["flows"]) == 0
-    assert "running (cli-123)" in capsys.readouterr().out
+    assert main(["flows"]) == 0  # its process (pid 1) runs, no heartbeat yet: starting
+    assert "running: starting" in capsys.readouterr().out
     assert main(["status", "a"]) == 0
-    assert "owner cli-123" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "state       running (cli-123): starting" in out and "owner cli-123" in out
     assert main(["stop", "a", "--no-wait"]) == 0
-    assert locations.stop_file("cli-123").exists()
+    asked = json.loads(locations.stop_file("cli-123").read_text())["by"]
+    assert asked.startswith("conflux stop (user ") and f"pid {os.getpid()})" in asked
     assert main(["status", "nope"]) == 2
     assert "no flow named 'nope'" in capsys.readouterr().err
 
@@ -83,17 +79,20 @@ def test_a_stopped_flow_says_why_it_stopped(
     reporter.track_status({"a": locations.status_file}, owner="cli-123")
     message = "flow a failed: expectation positive (amount > 0) failed on 1 row(s)\nmore"
     reporter.stopped(FlowStopped("a", StopReason.EXPECTATION_FAILED, message, "a.silver"))
-    assert main(["flows"]) == 0
-    assert "running (cli-123)" in capsys.readouterr().out  # the lease says it runs: it does
-    lease.release()
-    assert main(["flows"]) == 0
+    assert main(["flows"]) == 0  # its end is recorded: the lease, still held, is not the story
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("a "))
-    assert "stopped: expectation_failed" in row
+    assert "failed: an expectation failed" in row and row.split()[-1] == "unknown"  # lag
+    lease.release()
     assert main(["status", "a"]) == 0
-    assert f"stopped     {message.splitlines()[0]}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"failed at {datetime.now(UTC).date().isoformat()}" in out
+    assert f"an expectation failed: {message.splitlines()[0]}" in out and "\nmore" not in out
+    assert "owner cli-123 (pid 1) since" in out and ", released" in out
     assert main(["status", "a", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["state"] == "stopped: expectation_failed"
+    assert report["state"] == "failed: an expectation failed"
+    assert report["run"]["phase"] == "failed" and report["run"]["reason"] == "expectation_failed"
+    assert report["run"]["lag"] is None  # unknown, not 0
     assert report["stopped"]["reason"] == "expectation_failed"
     assert report["stopped"]["query"] == "a.silver"
 
@@ -103,8 +102,8 @@ def test_a_stopped_flow_says_why_it_stopped(
     killed.release()
     assert main(["status", "a"]) == 0
     out = capsys.readouterr().out
-    assert "state       stopped: no end recorded" in out
-    assert "the run of cli-456 recorded no end" in out and "expectation" not in out
+    assert "state       failed: crash: its application ended without recording why" in out
+    assert "owner cli-456" in out and "expectation" not in out
 
 
 def test_status_reads_a_status_file_written_by_the_previous_version(
@@ -121,16 +120,16 @@ def test_status_reads_a_status_file_written_by_the_previous_version(
     assert main(["status", "orders"]) == 0
     out = capsys.readouterr().out
     assert (
-        "last batch  2 at 2024-11-20T17:02:44.001Z: 0 rows added, 12.5 rows/s, Delta version 3 "
-        "(replay skipped)"
+        "last batch  2 at 2024-11-20T17:02:44.001Z: 0 rows added (a replay: Delta skipped its "
+        "writes), 50 rows read in 4.0 s (12 rows/s)"
     ) in out
-    assert "lag orders-0" in out
+    assert "lag         unknown: not running (0 when batch 2 committed)" in out
     status_file.write_text(json.dumps(BRONZE_STATUS))
     assert main(["status", "orders", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["last_batch"] == BRONZE_STATUS["last_batch"]
     assert main(["flows"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("orders"))
-    assert row.split()[-2:] == ["4", "10"]  # last batch, lag
+    assert row.split()[-2:] == ["4", "unknown"]  # last batch, lag (10 then; not running now)
     status_file.write_text('{"last_batch": {"flow": "orders"}}')
     assert main(["status", "orders"]) == 2
     error = capsys.readouterr().err

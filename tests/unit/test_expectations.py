@@ -101,7 +101,7 @@ def test_the_spec_takes_expressions_and_rules_and_defaults_to_warn() -> None:
         ([{"name": "a", "expr": "x;"}], "silver.expectations.0.expr"),
         ([{"name": "a", "rule": "nope"}], "silver.expectations.0.rule: unknown rule 'nope'"),
         ([{"name": "a", "rule": "not_null", "args": {"column": "nope"}}], "silver.expectations.0.args.column: 'nope' is neither a column"),
-        ([{"name": "a", "expr": "x"}, {"name": "a", "expr": "y"}], "silver.expectations.1.name: 'a' is the name of an earlier"),
+        ([{"name": "a", "expr": "id > 0"}, {"name": "a", "expr": "amount > 0"}], "silver.expectations.1.name: 'a' is the name of an earlier"),
         ([{"name": "a", "expr": "x", "action": "stop"}], "silver.expectations.0.action"),
     ],
 )  # fmt: skip

@@ -1,6 +1,8 @@
 """Flow leases on a real filesystem: conditional creates, takeover, renewal, loss (no JVM)."""
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -101,6 +103,24 @@ def test_guard_stops_before_expiry_within_the_safety_margin(tmp_path: Path) -> N
         guard.check()
     with pytest.raises(LeaseLostError, match="no longer someone-else's"):
         LeaseGuard("orders", FileLeaseStore(tmp_path), "someone-else").check()
+
+
+def test_guard_stops_at_once_when_the_launcher_renewing_the_lease_is_gone(tmp_path: Path) -> None:
+    """A launcher killed by SIGKILL renews nothing: its application must not wait for the expiry
+    (minutes) to stop. A runner holding its own lease is its own launcher: never gone to itself."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    here = socket.gethostname()
+    details = {"host": here, "pid": str(launcher.pid), "launcher": "cli"}
+    FlowLease("orders", FileLeaseStore(tmp_path), "cli-1", details, 300.0).acquire()
+    guard = LeaseGuard("orders", FileLeaseStore(tmp_path), "cli-1")
+    guard.check()  # the launcher lives
+    launcher.kill()
+    launcher.wait()
+    with pytest.raises(LeaseLostError, match=rf"its launcher cli-1 \(pid {launcher.pid} on "):
+        guard.check()
+    in_process = {"host": here, "pid": str(launcher.pid), "launcher": IN_PROCESS_LAUNCHER}
+    FlowLease("own", FileLeaseStore(tmp_path / "own"), "runner-1", in_process, 300.0).acquire()
+    LeaseGuard("own", FileLeaseStore(tmp_path / "own"), "runner-1").check()
 
 
 def test_keeper_renews_while_held_and_releases_on_exit(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ from pipelines.messages import (
     BatchQuality,
     ErrorReported,
     ExpectationCount,
-    FlowStatus,
     FlowStopped,
     GoldQuality,
     Message,
@@ -23,6 +22,7 @@ from pipelines.messages import (
     TableWrite,
     parse_message,
 )
+from pipelines.status import FlowStatus
 
 #: A silver batch's ``_status.json`` exactly as the previous version wrote it
 #: (``Reporter.batch``: ``{**{"owner": owner}, "last_batch": {"type": "batch", **asdict(progress)}}``,

@@ -11,7 +11,6 @@ from pipelines.lease import LeaseHeldError
 from pipelines.location import Location
 from pipelines.messages import (
     BatchCommitted,
-    FlowStatus,
     FlowStopped,
     StageStarted,
     StopReason,
@@ -20,6 +19,7 @@ from pipelines.messages import (
 )
 from pipelines.reporting import PROGRESS_PREFIX, Reporter
 from pipelines.runner import EXIT_LEASE, not_started
+from pipelines.status import FlowStatus
 
 
 class FakeLog:
@@ -110,5 +110,5 @@ def test_flows_that_never_ran_are_reported_stopped_with_the_reason() -> None:
     error = LeaseHeldError("flow orders: held by dagster-1 since 09:00")
     assert not_started(Reporter(pipes), ["orders"], error, str(error), EXIT_LEASE) == EXIT_LEASE
     assert parse_message(pipes.messages[-1]) == FlowStopped(
-        "orders", StopReason.LEASE_HELD, str(error)
+        "orders", StopReason.LEASE_HELD, str(error), exit_code=EXIT_LEASE
     )

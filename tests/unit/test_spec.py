@@ -340,10 +340,10 @@ def test_silver_needs_a_kafka_source() -> None:
 
 
 def test_json_format_may_delete_by_condition() -> None:
-    current = {**CURRENT, "delete_when": "status = 'deleted'"}
+    current = {**CURRENT, "delete_when": "name = 'deleted'"}
     spec = parse_spec(silver_spec(format="json", current=current))
     assert spec.silver is not None and spec.silver.current is not None
-    assert spec.silver.current.delete_when == "status = 'deleted'"
+    assert spec.silver.current.delete_when == "name = 'deleted'"
 
 
 def test_silver_tables_are_unique_across_flows(tmp_path: Path) -> None:

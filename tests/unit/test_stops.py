@@ -18,7 +18,8 @@ from pipelines.progress import BatchFailures
 from pipelines.silver.expectations import ExpectationFailedError
 from pipelines.silver.schema_changes import SchemaChangeError
 from pipelines.silver.transform import TransformError
-from pipelines.stops import failure_stop, jvm_reason, stop_reason
+from pipelines.stops import disk_full, failure_stop, java_disk_full, jvm_reason, stop_reason
+from pipelines.volumes import DiskFullError, VolumeFull
 
 
 @dataclass
@@ -39,6 +40,8 @@ EXCEPTION = JavaClass("java.lang.Exception", THROWABLE)
 RUNTIME = JavaClass("java.lang.RuntimeException", EXCEPTION)
 IO = JavaClass("java.io.IOException", EXCEPTION)
 FILE_SYSTEM = JavaClass("java.nio.file.FileSystemException", IO)
+SPARK = JavaClass("org.apache.spark.SparkException", EXCEPTION)
+FS_ERROR = JavaClass("org.apache.hadoop.fs.FSError", JavaClass("java.lang.Error", THROWABLE))
 KAFKA = JavaClass("org.apache.kafka.common.KafkaException", RUNTIME)
 UNKNOWN_TOPIC = JavaClass(
     "org.apache.kafka.common.errors.UnknownTopicOrPartitionException",
@@ -67,6 +70,26 @@ class JavaThrowable:
         return self.cause
 
 
+@dataclass
+class SparkThrowable(JavaThrowable):
+    """A Spark error condition: its parameters are data (``getMessageParameters``)."""
+
+    parameters: dict[str, str] | None = None
+
+    def getMessageParameters(self) -> dict[str, str] | None:  # noqa: N802
+        return self.parameters
+
+
+@dataclass
+class FileSystemThrowable(JavaThrowable):
+    """A ``java.nio.file.FileSystemException``: the file it is about (``getFile``)."""
+
+    file: str | None = None
+
+    def getFile(self) -> str | None:  # noqa: N802
+        return self.file
+
+
 class StandInPy4JJavaError(Exception):
     """Like py4j's Py4JJavaError: the Java exception in ``java_exception``."""
 
@@ -89,6 +112,8 @@ NO_SPACE = os.strerror(errno.ENOSPC)
         (IdentityError("flow a: checkpoint and table disagree"), StopReason.CONFIG_ERROR),
         (ConfigError("bad spec"), StopReason.CONFIG_ERROR),
         (OSError(errno.ENOSPC, NO_SPACE), StopReason.DISK_FULL),
+        (OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), StopReason.DISK_FULL),
+        (DiskFullError(VolumeFull.at(errno.ENOSPC, "/proc/x")), StopReason.DISK_FULL),
         (OSError(errno.EACCES, "denied"), StopReason.CRASH),
         (ValueError("anything else"), StopReason.CRASH),
         (RuntimeError(f"{NO_SPACE} LeaseLostError ExpectationFailedError"), StopReason.CRASH),
@@ -209,3 +234,79 @@ def test_a_watched_batch_function_records_what_failed_it_and_still_fails() -> No
     failures.record("a.silver", ValueError("later"))
     assert failures.of("a.silver") is raised.value  # the first failure is the cause
     assert failures.of("a") is None
+
+
+#: A path on /proc, a mount point on every Linux host: the volume these tests expect is known.
+ON_PROC = "/proc/lake/bronze/orders"
+
+
+def spark_write_failure(cause: JavaThrowable) -> JavaThrowable:
+    """What Spark 4.1.3 throws when a task writing a Delta table to ``ON_PROC`` finds no space
+    (seen on a full tmpfs): ``TASK_WRITE_FAILED`` naming the table as its ``path`` parameter,
+    then Parquet's and Hadoop's wrappers, then the ``IOException`` with the OS's text."""
+    return SparkThrowable(
+        SPARK,
+        f"[TASK_WRITE_FAILED] Task failed while writing rows to file:{ON_PROC}. SQLSTATE: 58030",
+        JavaThrowable(
+            JavaClass("org.apache.parquet.util.AutoCloseables$ParquetCloseResourceException", IO),
+            "Unable to close resource",
+            JavaThrowable(FS_ERROR, f"java.io.IOException: {cause.message}", cause),
+        ),
+        parameters={"path": f"file:{ON_PROC}"},
+    )
+
+
+def test_a_java_full_disk_is_read_with_the_volume_of_the_table_spark_was_writing() -> None:
+    failure = spark_write_failure(JavaThrowable(IO, NO_SPACE))
+    assert jvm_reason(failure) is StopReason.DISK_FULL
+    assert java_disk_full(failure) == VolumeFull(errno.ENOSPC, ON_PROC, "/proc")
+    stopped = failure_stop("orders", "orders", StandInPy4JJavaError(failure), None, "Py4J text")
+    assert stopped.reason is StopReason.DISK_FULL
+    assert stopped.message.startswith(
+        f"flow orders failed: disk full on /proc: writing {ON_PROC} failed ({NO_SPACE}); free "
+    )
+    assert "hard link" not in stopped.message
+    quota = spark_write_failure(JavaThrowable(IO, os.strerror(errno.EDQUOT)))
+    stopped = failure_stop("orders", "orders", None, quota, "Spark's text")
+    assert stopped.reason is StopReason.DISK_FULL
+    assert stopped.message.startswith("flow orders failed: quota exceeded on /proc: writing ")
+
+
+def test_a_java_full_disk_names_a_file_system_exception_s_file_or_says_it_has_no_path() -> None:
+    file = FileSystemThrowable(FILE_SYSTEM, f"{ON_PROC}/x: {NO_SPACE}", file=f"{ON_PROC}/x")
+    assert java_disk_full(file) == VolumeFull(errno.ENOSPC, f"{ON_PROC}/x", "/proc")
+    # A checkpoint write (HDFSMetadataLog): the query's exception names no file at all.
+    checkpoint = JavaThrowable(
+        STREAMING,
+        f"[STREAM_FAILED] Query [id = 1] terminated with exception: java.io.IOException: {NO_SPACE}",
+        JavaThrowable(FS_ERROR, f"java.io.IOException: {NO_SPACE}", JavaThrowable(IO, NO_SPACE)),
+    )
+    full = java_disk_full(checkpoint)
+    assert full == VolumeFull(errno.ENOSPC, None, None)
+    stopped = failure_stop("orders", "orders", None, checkpoint, "Spark's text")
+    assert (stopped.reason, stopped.message) == (
+        StopReason.DISK_FULL,
+        f"flow orders failed: {full.describe()}",
+    )
+    assert stopped.message.startswith("flow orders failed: disk full on a volume the error does")
+    assert java_disk_full(JavaThrowable(IO, "Connection reset")) is None
+
+
+def test_a_python_full_disk_is_read_with_the_volume_of_its_file() -> None:
+    raw = OSError(errno.ENOSPC, NO_SPACE, f"{ON_PROC}/_status.json")
+    assert disk_full(raw) == VolumeFull(errno.ENOSPC, f"{ON_PROC}/_status.json", "/proc")
+    try:
+        try:
+            raise raw
+        except OSError as exc:
+            raise RuntimeError("writing the heartbeat failed") from exc
+    except RuntimeError as wrapped:
+        assert disk_full(wrapped) == disk_full(raw)
+        stopped = failure_stop("orders", "orders.silver", wrapped, None, "Spark's text")
+    assert stopped.reason is StopReason.DISK_FULL
+    assert stopped.message.startswith("flow orders.silver failed: disk full on /proc: writing ")
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), f"{ON_PROC}/x")
+    full = disk_full(quota)
+    assert full is not None and str(DiskFullError(full)).startswith("quota exceeded on /proc: ")
+    assert disk_full(OSError(errno.EACCES, "denied", ON_PROC)) is None
+    assert disk_full(ValueError("x")) is None

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from pipelines.errors import ConfigError
+from pipelines.messages import StopReason
 from pipelines.settings import load_settings, settings_environment
+from pipelines.stops import stop_reason
 from pipelines.storage import LocalStorage, S3Storage, join, split_s3, storage_for
+from pipelines.volumes import DiskFullError, volume_of
 
 ENV = {
     "CONFLUX_S3_ENDPOINT": "http://127.0.0.1:9000",
@@ -48,26 +51,43 @@ def test_the_secret_is_never_shown_and_reaches_child_processes() -> None:
     assert load_settings({}).s3_connection() is None
 
 
-def test_a_local_create_without_hard_links_names_the_fix_and_a_full_disk_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("number", [errno.EXDEV, errno.EPERM, errno.ENOTSUP])
+def test_a_local_create_without_hard_links_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, number: int
 ) -> None:
-    storage = LocalStorage()
+    """``link(2)``'s errors of a filesystem without hard links (injected: this host's disk has
+    them) name that fix, and nothing of the attempt is left behind."""
 
     def no_links(_source: str, _target: Path) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted")
+        raise OSError(number, os.strerror(number))
 
     monkeypatch.setattr(os, "link", no_links)
     with pytest.raises(ConfigError, match="needs a filesystem with hard links"):
-        storage.create(str(tmp_path / "a.json"), b"{}")
+        LocalStorage().create(str(tmp_path / "a.json"), b"{}")
+    assert [p.name for p in tmp_path.iterdir()] == []  # no scratch file left behind
+
+
+@pytest.mark.parametrize(
+    ("number", "headline"), [(errno.ENOSPC, "disk full"), (errno.EDQUOT, "quota exceeded")]
+)
+def test_a_local_create_that_finds_no_space_says_so_with_the_volume_and_no_hard_link_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, number: int, headline: str
+) -> None:
+    """A new directory entry may need a block: ``link(2)`` then fails with ENOSPC (EDQUOT), which
+    is a full volume, never "no hard links" (a real full disk: test_volumes.py)."""
 
     def full(_source: str, _target: Path) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(number, os.strerror(number))
 
     monkeypatch.setattr(os, "link", full)
-    with pytest.raises(OSError, match="No space left on device") as error:
-        storage.create(str(tmp_path / "a.json"), b"{}")
-    assert not isinstance(error.value, ConfigError)
-    assert [p.name for p in tmp_path.iterdir()] == []  # no scratch file left behind
+    target = tmp_path / "lease" / "term-0000000001.json"
+    with pytest.raises(DiskFullError) as error:
+        LocalStorage().create(str(target), b"{}")
+    message = str(error.value)
+    assert message.startswith(f"{headline} on {volume_of(str(tmp_path))}: writing {target} failed")
+    assert "hard link" not in message
+    assert error.value.errno == number and stop_reason(error.value) is StopReason.DISK_FULL
+    assert [p.name for p in target.parent.iterdir()] == []  # no scratch file left behind
 
 
 class FakeS3:

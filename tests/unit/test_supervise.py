@@ -2,15 +2,30 @@
 observable contract as Spark's StreamingQuery: a query that ended is inactive with its exception
 already set)."""
 
+import errno
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from pipelines.catalog.state import FlowState
 from pipelines.lease import LeaseLostError
 from pipelines.messages import FlowStopped, StopReason
 from pipelines.progress import BatchFailures
 from pipelines.reporting import Reporter
-from pipelines.runner import EXIT_FAILED, EXIT_LEASE, EXIT_OK, StopRequest, supervise
+from pipelines.runner import (
+    EXIT_FAILED,
+    EXIT_LEASE,
+    EXIT_OK,
+    StopRequest,
+    failure_message,
+    flows_that_ran,
+    supervise,
+)
+from pipelines.settings import load_settings
 from pipelines.silver.expectations import ExpectationFailedError
+from pipelines.spec import parse_spec
+from pipelines.volumes import DiskFullError, VolumeFull
 
 
 @dataclass
@@ -149,3 +164,34 @@ def test_a_lease_store_that_fails_one_read_is_ridden_out(tmp_path: Any) -> None:
             raise OSError("the S3 store at http://s3.test failed: read timeout")
 
     assert lease_problem([LeaseGuard("a", Unreachable(), "owner")]) is None  # type: ignore[arg-type]
+
+
+def test_only_a_flow_that_never_ran_failed_to_start(tmp_path: Path) -> None:
+    """A failure outside supervision (a write after the queries, Spark not coming up) says
+    "failed to start" only of flows whose checkpoint never planned a batch; a full disk is
+    named by its volume, not by the Python error."""
+    settings = load_settings({"CONFLUX_RUNTIME_DIR": str(tmp_path)})
+    ran, fresh = (
+        parse_spec(
+            {"name": name, "source": {"kind": "kafka", "topics": [name]}, "target": {"table": name}}
+        )
+        for name in ("ran", "fresh")
+    )
+    offsets = FlowState.of(ran, settings).checkpoint.path / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("v1")  # what Spark writes when it plans batch 0
+    FlowState.of(fresh, settings).checkpoint.path.mkdir(parents=True)  # created, nothing planned
+    assert flows_that_ran([ran, fresh], settings) == {"ran"}
+    assert flows_that_ran([ran, fresh], None) == set()  # the run never began
+
+    spark = RuntimeError("[DELTA_MISSING_DELTA_TABLE] `/lake/x` is not a Delta table.")
+    assert failure_message(["fresh"], set(), spark) == f"flows fresh failed to start: {spark}"
+    full = DiskFullError(VolumeFull.at(errno.ENOSPC, "/proc/ck/ran/_status.json"))
+    assert failure_message(["ran"], {"ran"}, full) == f"flows ran failed: {full}"
+    assert str(full).startswith("disk full on /proc: writing /proc/ck/ran/_status.json failed")
+    raw = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/proc/ck/ran/_health.json")
+    assert failure_message(["ran", "fresh"], {"ran"}, raw) == (
+        "flows ran failed and flows fresh failed to start: disk full on /proc: writing "
+        "/proc/ck/ran/_health.json failed (No space left on device); free space there (or move "
+        "the flow's tables and state to a larger volume)"
+    )
