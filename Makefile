@@ -124,17 +124,20 @@ demo-cluster-steps: ## The cluster demo's steps (make demo-cluster runs them wit
 		$(VENV)/bin/conflux run orders_files --once || true
 	@echo; $(PY) platform/demo/show_cluster.py
 
+STEP = $(PY) platform/demo/step.py
 demo-steps: ## The demo's steps on the configured lake (make demo: local disk; make demo-s3: the S3 store)
-	$(PY) platform/demo/produce_sample.py
-	$(VENV)/bin/dagster job execute -m assets.definitions -a defs -j ingest_incremental
+	@$(PY) platform/demo/produce_sample.py
+	@$(STEP) "Dagster runs every flow (job ingest_incremental): Kafka and files -> bronze -> silver -> gold" \
+		ingest -- $(VENV)/bin/dagster job execute -m assets.definitions -a defs -j ingest_incremental
 	@echo; echo "== late orders and payments (two days ago) arrive; the gold watermarks send them to the late tables"
-	$(PY) platform/demo/produce_sample.py --late 5
-	$(VENV)/bin/conflux run payments orders --once
-	@echo; echo "== backfill of their day, as the Dagster assets backfill/revenue_10m and backfill/order_payments"
-	$(VENV)/bin/dagster asset materialize -m assets.definitions -a defs \
+	@$(PY) platform/demo/produce_sample.py --late 5
+	@$(STEP) "conflux run payments orders --once: the late rows go to the late-data tables" \
+		late -- $(VENV)/bin/conflux run payments orders --once
+	@$(STEP) "backfill of their day, as the Dagster assets backfill/revenue_10m and backfill/order_payments" \
+		backfill -- $(VENV)/bin/dagster asset materialize -m assets.definitions -a defs \
 		--select backfill/revenue_10m,backfill/order_payments \
 		--partition $$($(PY) platform/demo/produce_sample.py --late-day)
-	$(PY) platform/demo/show_tables.py
+	@$(PY) platform/demo/show_tables.py
 	@echo; $(PY) platform/demo/show_orchestration.py
 	@echo; echo "== conflux flows"; $(VENV)/bin/conflux flows
 	@echo; echo "== conflux status orders"; $(VENV)/bin/conflux status orders
@@ -169,11 +172,13 @@ format: $(STAMP) ## Apply ruff's formatter and autofixes
 typecheck: $(STAMP) ## Run mypy on the packages
 	$(VENV)/bin/mypy pipelines assets quality
 
-chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one)
+chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one), and a 5-minute broker outage under conflux run
 	CHAOS_FULL_SCHEDULE=1 CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} SILVER_KILL_KEYS=$${SILVER_KILL_KEYS:-10000} \
 		SILVER_CHAOS_KEYS=$${SILVER_CHAOS_KEYS:-10000} CLUSTER_FAULT_KEYS=$${CLUSTER_FAULT_KEYS:-2000} \
-		GOLD_CHAOS_RECORDS=$${GOLD_CHAOS_RECORDS:-100000} $(VENV)/bin/pytest -s $(PYTEST_ARGS) \
+		GOLD_CHAOS_RECORDS=$${GOLD_CHAOS_RECORDS:-100000} BROKER_OUTAGE_SECONDS=$${BROKER_OUTAGE_SECONDS:-300} \
+		$(VENV)/bin/pytest -s $(PYTEST_ARGS) \
 		tests/integration/test_bronze_exactly_once.py \
+		tests/integration/test_source_faults.py::TestBrokerRestart \
 		tests/integration/test_silver.py::TestSilverExactlyOnce \
 		tests/integration/test_silver.py::TestSilverCurrentState \
 		tests/integration/test_gold.py::test_gold_is_exact_after_kills_during_stateful_batches \

@@ -54,7 +54,7 @@ from pipelines.gold.backfill import (
     closed_dates,
     refuse_open_dates,
 )
-from pipelines.job_progress import JobProgress
+from pipelines.job_progress import LOG_EVERY, JobProgress
 from pipelines.settings import Settings
 from pipelines.spark import prepare_session
 from pipelines.spec import AnyGold, FlowSpec
@@ -99,7 +99,9 @@ def backfill_asset(spec: FlowSpec, gold: AnyGold, settings: Settings) -> AssetsD
             check_locations([spec], settings)  # before Spark starts: on a cluster, no local path
             refuse_open_dates(spec, settings, gold.table, first, last)
             spark = prepare_session(pyspark.spark_session, settings)
-            with JobProgress(spark, f"backfill {gold.table} {first}..{last}", context.log.info, 10):
+            with JobProgress(
+                spark, f"backfill {gold.table} {first}..{last}", context.log.info, LOG_EVERY
+            ):
                 result = backfill(spark, spec, settings, gold.table, first, last)
         except BackfillRefusedError as exc:
             raise Failure(str(exc)) from exc

@@ -6,9 +6,11 @@ its stream moves. The ``conflux_stream_health`` sensor reads every flow's state 
 file and heartbeat) and records it as an evaluation of the ``stream_health`` asset check on the
 flow's bronze asset: passed when running healthy (idle with lag 0 included); failed, with the
 reason, when a query was not heard from or is behind with no commit for
-``trigger.stale_after``, when its application is down while its run goes on (restarting), or
-when its run failed (the typed reason and the first line of the cause); a flow stopped cleanly
-passes with a warning. A failed or stopped flow is recorded once; any other state when it
+``trigger.stale_after``, when its application is down and about to be started again
+(restarting: the launcher notes it in the status file before the retry), or when its run failed
+(the typed reason and the first line of the cause); a flow stopping or stopped cleanly passes
+(its severity, WARN, is not shown on a passed check). A failed or stopped flow is recorded once;
+any other state when it
 changes, and at least every :data:`REPEAT_SECONDS`. The same check can be executed from the UI on
 demand.
 
@@ -17,16 +19,16 @@ Dagster's exponential backoff waits 1, 3, 7, ... times ``trigger.restart_delay``
 event log shows each attempt.
 """
 
+from __future__ import annotations
+
 import json
 import time
 from typing import Any
 
 from dagster import (
-    AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
-    DagsterInstance,
     DefaultSensorStatus,
     MetadataValue,
     SensorDefinition,
@@ -38,7 +40,6 @@ from dagster import (
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 
 from assets.keys import bronze_key
-from pipelines.catalog.state import FlowState
 from pipelines.run_state import Phase, RunState, flow_run_state
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
@@ -84,8 +85,8 @@ def health_check(spec: FlowSpec, settings: Settings) -> AssetChecksDefinition:
         f"within {spec.trigger.stale_after} and no query is behind without committing. Kept "
         "by the conflux_stream_health sensor.",
     )
-    def _stream_health(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        state = verdict(spec, settings, context.instance)
+    def _stream_health() -> AssetCheckResult:
+        state = verdict(spec, settings)
         return AssetCheckResult(
             passed=state.ok,
             severity=_severity(state),
@@ -96,14 +97,11 @@ def health_check(spec: FlowSpec, settings: Settings) -> AssetChecksDefinition:
     return _stream_health
 
 
-def verdict(spec: FlowSpec, settings: Settings, instance: DagsterInstance) -> RunState:
-    """The flow's state (:mod:`pipelines.run_state`), supervised while the Dagster run that
-    holds (or held) its lease goes on: its retry policy starts a dead application again."""
-    term = FlowState.of(spec, settings).lease_store().latest()
-    run_id = None if term is None else term.details.get("dagster_run_id")
-    run = instance.get_run_by_id(run_id) if run_id else None
-    supervised = run is not None and not run.is_finished
-    return flow_run_state(spec, settings, supervised=supervised)
+def verdict(spec: FlowSpec, settings: Settings) -> RunState:
+    """The flow's state (:mod:`pipelines.run_state`), the one ``conflux status`` prints: a
+    restart pending under the flow asset's retry policy is in the flow's status file
+    (``assets/launch.py`` writes the note)."""
+    return flow_run_state(spec, settings)
 
 
 def stream_health_sensor(specs: list[FlowSpec], settings: Settings) -> SensorDefinition:
@@ -120,7 +118,7 @@ def stream_health_sensor(specs: list[FlowSpec], settings: Settings) -> SensorDef
         cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
         now, verdicts = time.time(), []
         for spec in specs:
-            state = verdict(spec, settings, context.instance)
+            state = verdict(spec, settings)
             if state.phase is Phase.NEVER_RUN:
                 continue
             verdicts.append(f"{spec.name}: {state.token}")

@@ -69,6 +69,7 @@ from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import load_settings
 from pipelines.sources.kafka import redacted
 from pipelines.spec import FlowSpec
+from pipelines.supervisor import note_pending_restart, unrecorded_exit
 from quality.checks import RUN_FIRST_BATCH_ID, StreamChecks
 from quality.gold_checks import GoldChecks
 
@@ -487,13 +488,19 @@ def run_flows(
         returncode = application.wait()
         if returncode != 0:
             stopped_by_policy = monitor.report_stops()
+            retried = returncode not in (EXIT_CONFIG, EXIT_LEASE) and not stopped_by_policy
+            if retried and continuous:  # the retry policy starts it again: the state says so
+                cause = " | ".join(monitor.errors) or unrecorded_exit(returncode)
+                note_pending_restart(
+                    specs, settings, application.owner, context.retry_number + 1, cause, worker_pid
+                )
             raise Failure(
                 description=(
                     f"flows {', '.join(tables)}: the Spark application exited with code "
                     f"{returncode}: {' | '.join(monitor.errors) or 'see stderr in the logs'}"
                 ),
                 # A crash or a kill may pass on a restart; a refusal or a policy stop would not.
-                allow_retries=returncode not in (EXIT_CONFIG, EXIT_LEASE) and not stopped_by_policy,
+                allow_retries=retried,
             )
     reported: set[AssetKey] = set()
     quality = {totals.events: totals.metadata() for totals in monitor.checks.values()}

@@ -129,15 +129,22 @@ def _stores(specs: list[FlowSpec], settings: Settings) -> list[Location]:
 
 def cmd_flows(settings: Settings, _args: argparse.Namespace) -> int:
     print(f"{'flow':24} {'trigger':14} {'state':40} {'last batch':>10} {'lag':>8}")
+    unreadable = 0
     for spec in _specs(settings):
-        state = flow_run_state(spec, settings)
-        last = read_status(spec, settings).last_batch
+        try:
+            state = flow_run_state(spec, settings)
+            last = read_status(spec, settings).last_batch
+        except ConfigError as exc:  # one flow's damaged status file: the others still show
+            print(f"{spec.name:24} {spec.trigger.mode:14} {'status file unreadable':40}")
+            print(f"conflux: error: {exc}", file=sys.stderr)
+            unreadable += 1
+            continue
         batch_id = "-" if last is None else last.batch_id
         print(
             f"{spec.name:24} {spec.trigger.mode:14} {state.short:40} {batch_id!s:>10} "
             f"{state.lag_text():>8}"
         )
-    return 0
+    return EXIT_CONFIG if unreadable else 0
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -398,7 +405,7 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     from pipelines.gold.backfill import backfill, refuse_open_dates
-    from pipelines.job_progress import JobProgress, terminal_bar
+    from pipelines.job_progress import JobProgress, progress_every, terminal_bar
     from pipelines.spark import get_spark_session
 
     spec = _spec(settings, args.flow)
@@ -411,7 +418,8 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     owned = SparkSession.getActiveSession() is None
     spark = get_spark_session(f"conflux-backfill-{spec.name}", settings, ui=False)
     try:
-        with JobProgress(spark, f"backfill {table} {first}..{last}", terminal_bar()):
+        label = f"backfill {table} {first}..{last}"
+        with JobProgress(spark, label, terminal_bar(), every=progress_every()):
             result = backfill(spark, spec, settings, table, first, last)
     finally:
         if sys.stderr.isatty():

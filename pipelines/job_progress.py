@@ -92,8 +92,19 @@ class JobProgress:
         self._show(self._line())
 
 
+#: Seconds between progress lines: redrawn each second on a terminal; elsewhere (a log file, a
+#: CI job) a line each this many seconds, so the output stays readable.
+TERMINAL_EVERY, LOG_EVERY = 1.0, 10.0
+
+
+def progress_every(stream: TextIO = sys.stderr) -> float:
+    """How often :class:`JobProgress` shows a line on ``stream``."""
+    return TERMINAL_EVERY if stream.isatty() else LOG_EVERY
+
+
 def terminal_bar(stream: TextIO = sys.stderr) -> Callable[[str], None]:
-    """Redraws one line in place on a terminal; prints plain lines when not a terminal."""
+    """Redraws one line in place on a terminal; prints plain lines when not a terminal (show
+    them every :func:`progress_every`)."""
     if not stream.isatty():
         return lambda line: print(line, file=stream, flush=True)
 

@@ -5,7 +5,8 @@ This is the one launcher behind Dagster (``assets/launch.py``) and ``conflux run
 
 1. it takes every flow's lease *before* any process starts (a second launch fails right here,
    naming the owner), and renews it from this process for as long as it lives: if the launcher
-   dies, the renewals stop and the orphaned application stops itself within one lease period;
+   dies, its application, now an orphan, sees its pid gone and stops at once (a driver on
+   another host: when the renewals stop, within one lease period);
 2. it starts ``spark-submit pipelines/runner.py --lease-owner <owner>`` in a session of its own,
    so a terminal's Ctrl-C reaches the launcher and not the Spark JVM;
 3. it turns a stop (a Dagster terminate, SIGTERM, Ctrl-C) into the runner's stop file: the

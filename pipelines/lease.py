@@ -21,8 +21,10 @@ Who renews
     started directly) renews the lease every third of its duration. The Spark application only
     reads it: it checks before each micro-batch, and every half second while it runs, that the
     lease is still its own and will not expire within the safety margin (a third of the duration),
-    and stops otherwise. So when a launcher dies, its application, now an orphan, stops within one
-    lease period, before the lease actually expires and a new owner can take it over.
+    and that its launcher still lives (on the launcher's host: its pid, in the same pid namespace,
+    started when it was), and stops otherwise. So when a launcher dies, its application, now an
+    orphan, stops at once (a driver on another host: within one lease period), before the lease
+    expires and a new owner can take it over.
 
 Clocks: expiry times are wall-clock seconds written by the renewing host. Across hosts, keep the
 clock skew well below the safety margin (NTP keeps it in milliseconds).
@@ -57,9 +59,31 @@ def new_owner_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:12]}"
 
 
+def _start_ticks(pid: int | str) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22): a
+    pid reused by a later process has another; None when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def owner_details(**extra: str) -> dict[str, str]:
-    """Who is asking: host and pid of this process, plus ``extra`` (a Dagster run id...)."""
-    return {"host": socket.gethostname(), "pid": str(os.getpid()), **extra}
+    """Who is asking: host and pid of this process, its pid namespace and start time (so a pid
+    seen from another container or reused later is not taken for it), plus ``extra``."""
+    details = {"host": socket.gethostname(), "pid": str(os.getpid()), **extra}
+    for key, value in (("pidns", _pid_namespace()), ("started", _start_ticks(os.getpid()))):
+        if value is not None:
+            details[key] = value
+    return details
 
 
 #: ``details["launcher"]`` of a runner that holds its own lease: its Spark driver is that process.
@@ -80,8 +104,17 @@ def process_gone(host: str | None, pid: str | int | None) -> bool:
 
 
 def owner_process_gone(term: LeaseTerm) -> bool:
-    """Whether the term's owner was a process on this host that no longer exists."""
-    return process_gone(term.details.get("host"), term.details.get("pid"))
+    """Whether the term's owner was a process on this host, in this pid namespace, that no longer
+    exists (its pid free, or taken by a process started later). False when that cannot be known:
+    another host, another pid namespace (a container sharing the host's name)."""
+    details = term.details
+    if details.get("pidns", _pid_namespace()) != _pid_namespace():
+        return False
+    if process_gone(details.get("host"), details.get("pid")):
+        return True
+    started, pid = details.get("started"), details.get("pid")
+    same_host = details.get("host") == socket.gethostname()
+    return bool(same_host and started and pid and _start_ticks(pid) not in (None, started))
 
 
 def dead_in_process_owner(term: LeaseTerm) -> bool:

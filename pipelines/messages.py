@@ -2,9 +2,9 @@
 
 The runner (Spark, no Dagster) reports through these types, serialized with ``to_json()``: as
 Dagster Pipes custom messages, as the ``conflux.progress`` lines on stdout, and (the last batch)
-in each flow's ``_status.json`` (:mod:`pipelines.status`). The control plane (``assets/``) and ``conflux status`` read them
-back with :func:`parse_message` / the kinds' ``parse`` into the same types, and from then on use
-attributes. Kinds:
+in each flow's ``_status.json`` (:mod:`pipelines.status`). The control plane (``assets/``) and
+``conflux status`` read them back with :func:`parse_message` / the kinds' ``parse`` into the
+same types, and from then on use attributes. Kinds:
 
 * :class:`BatchCommitted` (``"batch"``): a micro-batch committed, every table write it made
   (:class:`TableWrite`; history, deleted keys, late rows included) and its check results
@@ -454,6 +454,12 @@ class FlowStopped:
     exit_code: int | None = None
 
     TYPE = "flow_stopped"
+
+    @property
+    def first_line(self) -> str:
+        """The message's first line (an error's, without its stack trace); empty if none."""
+        text = self.message.strip()
+        return text.splitlines()[0] if text else ""
 
     def to_json(self) -> JsonObject:
         return {

@@ -5,15 +5,16 @@ The state is read from the flow's files alone, so it is the same whoever launche
 terminal, Dagster, a cluster): the latest lease term (who runs it; live, expired or released),
 the status file (the last committed batch, and how the lease owner's run ended: a
 :class:`~pipelines.messages.FlowStopped` record) and the heartbeat (each query's last event and
-lag: :mod:`pipelines.health`). Only a supervisor knows that it will start a dead application
-again (Dagster's retry policy while the flow's run goes on), so it says so: ``supervised``.
+lag: :mod:`pipelines.health`). A supervisor that will start a failed application again says so
+in the status file (a :class:`~pipelines.status.SupervisorNote`).
 
 - **never run**: no lease term.
 - **running**: the owner's run recorded no end and its lease is live; the heartbeat's verdict
   (healthy, starting, stalled, stale) is the running flow's health. A stale heartbeat whose
   process is gone is not running: the application died and its lease has yet to expire.
-- **restarting**: the application is down and its supervisor goes on: Dagster's retry policy
-  (``supervised``), or ``conflux run``'s supervisor (:mod:`pipelines.supervisor`), whose note in
+- **stopping**: its queries stopped; the record of how follows once Spark is down;
+- **restarting**: the application is down and its supervisor starts it again: ``conflux run``'s
+  (:mod:`pipelines.supervisor`) or Dagster's retry policy (``assets/launch.py``), whose note in
   the status file says which attempt of how many, and when;
 - **waiting for source**: ``conflux run``'s supervisor probes an unreachable broker (since when,
   the last error, when it gives up).
@@ -29,7 +30,6 @@ Lag is known only while the flow runs (its heartbeat's, per query); otherwise it
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,13 +37,12 @@ from enum import StrEnum
 from typing import Any
 
 from pipelines.catalog.state import FlowState
-from pipelines.errors import ConfigError
 from pipelines.health import Health, assess, read_health
 from pipelines.lease import LeaseTerm, owner_process_gone, process_gone
-from pipelines.messages import FlowStopped, MessageError, StopReason
+from pipelines.messages import FlowStopped, StopReason
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, duration_seconds
-from pipelines.status import FlowStatus, Supervision, SupervisorNote
+from pipelines.status import FlowStatus, Supervision, SupervisorNote, epoch_of, read_status
 
 
 class Phase(StrEnum):
@@ -51,6 +50,7 @@ class Phase(StrEnum):
 
     NEVER_RUN = "never run"
     RUNNING = "running"
+    STOPPING = "stopping"
     WAITING_FOR_SOURCE = "waiting for source"
     RESTARTING = "restarting"
     FAILED = "failed"
@@ -75,6 +75,10 @@ REASON_TEXT: dict[StopReason, str] = {
     StopReason.OTHER_FLOW_FAILED: "another flow of its application failed",
     StopReason.CRASH: "crash",
 }
+
+#: How long past its next step a supervisor's note is believed (it rewrites the note at each
+#: step; a supervisor on another host that died leaves one behind).
+NOTE_GRACE_SECONDS = 120.0
 
 #: Why a run that recorded no end is gone.
 NO_RECORD = (
@@ -135,16 +139,14 @@ class RunState:
     @property
     def cause(self) -> str | None:
         """The first line of what the run recorded (a failure's error, who asked to stop)."""
-        if self.stopped is None or not self.stopped.message.strip():
-            return None
-        return self.stopped.message.strip().splitlines()[0]
+        return (self.stopped.first_line or None) if self.stopped is not None else None
 
     @property
     def ok(self) -> bool:
-        """Nothing for an operator to act on: running healthy, or stopped cleanly."""
+        """Nothing for an operator to act on: running healthy, stopping, stopped cleanly."""
         if self.phase is Phase.RUNNING:
             return self.health is not None and self.health.healthy
-        return self.phase in (Phase.STOPPED, Phase.NEVER_RUN)
+        return self.phase in (Phase.STOPPING, Phase.STOPPED, Phase.NEVER_RUN)
 
     def lag_text(self) -> str:
         """The flow's lag for a table cell: the queries' total, or ``unknown``."""
@@ -173,7 +175,7 @@ def _ended(term: LeaseTerm, record: FlowStopped) -> RunState:
     """The run of ``term``'s owner recorded its end."""
     when = f" at {record.at}" if record.at else ""
     code = f", exit code {record.exit_code}" if record.exit_code is not None else ""
-    first = record.message.strip().splitlines()[0] if record.message.strip() else ""
+    first = record.first_line
     if record.reason in CLEAN_ENDS:
         by = f" by {first}" if record.reason is StopReason.STOPPED_ON_REQUEST and first else ""
         summary = f"stopped{when}: {REASON_TEXT[record.reason]}{by}"
@@ -182,8 +184,19 @@ def _ended(term: LeaseTerm, record: FlowStopped) -> RunState:
     return RunState(Phase.FAILED, summary, term.owner, stopped=record, reason=record.reason)
 
 
+def _note_applies(note: SupervisorNote | None, term: LeaseTerm, now: float) -> bool:
+    """A supervisor's note tells the state while the lease it followed is no longer held, its
+    supervisor lives (on this host: its pid), and its next step is not long overdue (a
+    supervisor elsewhere that died)."""
+    if note is None or term.live(now) or process_gone(note.host, note.pid):
+        return False
+    due = epoch_of(note.next_try_at)
+    return due is None or now <= due + NOTE_GRACE_SECONDS
+
+
 def _supervised(term: LeaseTerm, note: SupervisorNote, record: FlowStopped | None) -> RunState:
-    """``conflux run``'s supervisor restarts the application, or waits for the source."""
+    """A supervisor (``conflux run``'s, or Dagster's retry policy) restarts the application, or
+    waits for the source."""
     if note.state is Supervision.WAITING_FOR_SOURCE:
         summary = (
             f"waiting for source since {note.since}: {note.last_error} (next probe "
@@ -197,11 +210,8 @@ def _supervised(term: LeaseTerm, note: SupervisorNote, record: FlowStopped | Non
     return RunState(Phase.RESTARTING, summary, term.owner, stopped=record)
 
 
-def _gone(term: LeaseTerm, supervised: bool, now: float, why: str) -> RunState:
+def _gone(term: LeaseTerm, now: float, why: str) -> RunState:
     """The owner's application is gone without a record."""
-    if supervised:
-        summary = f"restarting: {why}; its supervisor starts it again"
-        return RunState(Phase.RESTARTING, summary, term.owner)
     return RunState(
         Phase.FAILED,
         f"failed: crash: {why} (lease {lease_text(term, now)})",
@@ -216,12 +226,11 @@ def assess_run(
     health: Health | None,
     *,
     application_gone: bool,
-    supervised: bool = False,
     now: float | None = None,
 ) -> RunState:
     """The state from the flow's files (see the module doc): ``health`` is the heartbeat's
     verdict for ``term``'s owner; ``application_gone``: that owner's application process is known
-    gone; ``supervised``: a supervisor will start a dead application again."""
+    gone."""
     now = time.time() if now is None else now
     if term is None:
         if status.last_batch is not None:  # its lease terms were removed (an earlier version)
@@ -230,44 +239,22 @@ def assess_run(
     mine = status.owner == term.owner
     record = status.stopped if mine else None
     note = status.supervision if mine else None
-    if note is not None and not term.live(now) and not process_gone(note.host, note.pid):
+    if note is not None and _note_applies(note, term, now):
         return _supervised(term, note, record)
     if record is not None:
         return _ended(term, record)
     if term.released or term.expires_at <= now:
-        return _gone(term, supervised, now, NO_RECORD)
+        return _gone(term, now, NO_RECORD)
     if application_gone or health is None:
-        return _gone(term, supervised, now, "its application is not running")
-    if health.state == "stopped":  # stopping now: its queries stopped, its record is next
-        return RunState(Phase.RUNNING, f"stopping ({term.owner})", term.owner, health)
+        return _gone(term, now, "its application is not running")
+    if health.state == "stopped":  # its queries stopped; its record follows once Spark is down
+        return RunState(Phase.STOPPING, f"stopping ({term.owner})", term.owner)
     lag = dict(health.lag) or None
     summary = f"running ({term.owner}): {health.state}: {health.reason}"
     return RunState(Phase.RUNNING, summary, term.owner, health, lag=lag)
 
 
-def read_status(spec: FlowSpec, settings: Settings) -> FlowStatus:
-    """The flow's ``_status.json`` (empty before its first batch); one an earlier version of
-    Conflux wrote reads too.
-
-    Raises:
-        ConfigError: a file this version cannot read, with the fix (it is rewritten by the flow's
-            next batch).
-    """
-    path = FlowState.of(spec, settings).status_file
-    if not path.exists():
-        return FlowStatus()
-    try:
-        return FlowStatus.parse(json.loads(path.read_text()))
-    except (json.JSONDecodeError, MessageError) as exc:
-        raise ConfigError(
-            f"{path}: not a status file this version reads ({exc}); delete it: the flow's next "
-            "batch writes it again"
-        ) from exc
-
-
-def flow_run_state(
-    spec: FlowSpec, settings: Settings, *, supervised: bool = False, now: float | None = None
-) -> RunState:
+def flow_run_state(spec: FlowSpec, settings: Settings, *, now: float | None = None) -> RunState:
     """The flow's state now, from its files (:func:`assess_run`). The application's process is
     known gone when its heartbeat names a process of this host that no longer exists, or (no
     heartbeat of this run yet) the lease owner's process is gone."""
@@ -282,4 +269,4 @@ def flow_run_state(
         gone = process_gone(doc.get("host"), doc.get("pid"))
     else:
         gone = owner_process_gone(term)
-    return assess_run(term, status, health, application_gone=gone, supervised=supervised, now=now)
+    return assess_run(term, status, health, application_gone=gone, now=now)

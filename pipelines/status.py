@@ -6,11 +6,15 @@ the flow's state (:mod:`pipelines.run_state`). Imports nothing of Spark or Dagst
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from pipelines.catalog.state import FlowState, write_json_atomically
+from pipelines.errors import ConfigError
 from pipelines.messages import (
     BatchCommitted,
     FlowStopped,
@@ -19,6 +23,21 @@ from pipelines.messages import (
     _Fields,
     _strict_int,
 )
+from pipelines.settings import Settings
+from pipelines.spec import FlowSpec
+
+
+def iso_utc(epoch: float) -> str:
+    """``epoch`` as the ISO 8601 UTC time a status file holds (seconds)."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def epoch_of(iso: str) -> float | None:
+    """The epoch of an ISO 8601 time a status file holds; None if it is not one."""
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return None
 
 
 class Supervision(StrEnum):
@@ -98,16 +117,58 @@ class FlowStatus:
             owner=read.optional("owner", str),
             last_batch=None if not last else BatchCommitted.parse(last),
             stopped=_stop_record(read.object("stopped")),
-            supervision=None if not note else SupervisorNote.parse(note),
+            supervision=_note(note),
         )
+
+
+def _note(data: Mapping[str, Any] | None) -> SupervisorNote | None:
+    """A status file's supervisor note; one this version cannot read (a state a later version
+    added) reads as none: the flow shows as its record says."""
+    if not data:
+        return None
+    try:
+        return SupervisorNote.parse(data)
+    except MessageError:
+        return None
 
 
 def _stop_record(data: Mapping[str, Any] | None) -> FlowStopped | None:
     """A status file's stop record; one this version cannot read (a reason a later version
-    added) reads as none, so the flow still shows, as stopped without a known end."""
+    added) reads as none, so the flow still shows, as a run that recorded no end."""
     if not data:
         return None
     try:
         return FlowStopped.parse(data)
     except MessageError:
         return None
+
+
+def read_status(spec: FlowSpec, settings: Settings) -> FlowStatus:
+    """The flow's ``_status.json`` (empty before its first batch); one an earlier version of
+    Conflux wrote reads too.
+
+    Raises:
+        ConfigError: a file this version cannot read, with the fix (it is rewritten by the flow's
+            next batch).
+    """
+    path = FlowState.of(spec, settings).status_file
+    if not path.exists():
+        return FlowStatus()
+    try:
+        return FlowStatus.parse(json.loads(path.read_text()))
+    except (json.JSONDecodeError, MessageError) as exc:
+        raise ConfigError(
+            f"{path}: not a status file this version reads ({exc}); delete it: the flow's next "
+            "batch writes it again"
+        ) from exc
+
+
+def write_status(
+    spec: FlowSpec, settings: Settings, owner: str, change: Callable[[FlowStatus], FlowStatus]
+) -> None:
+    """Rewrite the flow's status file as ``owner``'s run left it (a run killed before it wrote
+    one: its owner's, with the last batch kept), changed."""
+    status = read_status(spec, settings)
+    if status.owner != owner:
+        status = FlowStatus(owner, status.last_batch)
+    write_json_atomically(FlowState.of(spec, settings).status_file, change(status).to_json())

@@ -19,13 +19,16 @@ start without it), and a stale archive is not passed to the JVM at all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,6 +139,24 @@ def _wait_for_group(pgid: int, timeout: float) -> None:
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def _ticking(started: float, every: float = 15.0) -> Iterator[None]:
+    """A line every ``every`` seconds while the block runs: a long wait that shows it is alive."""
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            print(f"  ... {time.monotonic() - started:.0f} s", flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="build even if up to date")
@@ -149,7 +170,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         started = time.monotonic()
         (jars_dir / f"{ARCHIVE_NAME}.key").unlink(missing_ok=True)  # no stale key on a failure
-        with tempfile.TemporaryDirectory(prefix=".class-archive-", dir=jars_dir) as scratch:
+        print(
+            "building the JVM class archive (once, ~1-2 min: a training run of Spark, so that "
+            "every later Spark start is ~2 s faster)",
+            flush=True,
+        )
+        with (
+            tempfile.TemporaryDirectory(prefix=".class-archive-", dir=jars_dir) as scratch,
+            _ticking(started),
+        ):
             staged = Path(scratch) / ARCHIVE_NAME  # same filesystem: os.replace is atomic
             train(staged, Path(scratch) / "runtime")
             os.replace(staged, jars_dir / ARCHIVE_NAME)

@@ -174,7 +174,7 @@ def test_second_launch_refused_ctrl_c_mid_batch_and_stop_channel(
     killed = kill_application(locations)
     restarting = wait_for_state(spec, spark_settings, Phase.RESTARTING, 60)
     assert "attempt 1 of 5" in restarting.summary, restarting.summary
-    assert "exited with code 137 without recording why" in restarting.summary
+    assert "killed by SIGKILL (exit code 137) without recording why" in restarting.summary
     running = wait_for_state(spec, spark_settings, Phase.RUNNING, 120)
     assert running.owner != killed
     table = locations.table

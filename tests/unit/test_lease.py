@@ -17,6 +17,8 @@ from pipelines.lease import (
     LeaseHeldError,
     LeaseLostError,
     held_leases,
+    owner_details,
+    owner_process_gone,
 )
 
 
@@ -150,3 +152,18 @@ def test_a_dead_runner_that_held_its_own_lease_is_taken_over_at_once(tmp_path: P
     FlowLease("other", FileLeaseStore(tmp_path / "o"), "cli-dead", launcher).acquire()
     with pytest.raises(LeaseHeldError):
         lease(tmp_path / "o", "next").acquire()
+
+
+def test_a_reused_pid_is_gone_and_a_pid_of_another_namespace_is_unknown(tmp_path: Path) -> None:
+    """The launcher's pid alone is not its identity: a later process may reuse it (its start
+    time differs: gone), and a container sharing the host's name has its own pids (unknown:
+    not gone, the lease's expiry decides)."""
+    me = owner_details()
+    FlowLease("a", FileLeaseStore(tmp_path / "a"), "cli-1", me, 300.0).acquire()
+    assert not owner_process_gone(FileLeaseStore(tmp_path / "a").latest())
+    reused = {**me, "started": "1"}  # this pid, but a process started at boot
+    FlowLease("b", FileLeaseStore(tmp_path / "b"), "cli-2", reused, 300.0).acquire()
+    assert owner_process_gone(FileLeaseStore(tmp_path / "b").latest())
+    elsewhere = {**me, "pid": "999999999", "pidns": "pid:[1]"}
+    FlowLease("c", FileLeaseStore(tmp_path / "c"), "cli-3", elsewhere, 300.0).acquire()
+    assert not owner_process_gone(FileLeaseStore(tmp_path / "c").latest())

@@ -4,6 +4,8 @@ same classes a running flow writes them with."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,9 +19,10 @@ from pipelines.health import HeartbeatWriter
 from pipelines.lease import FileLeaseStore, FlowLease
 from pipelines.messages import FlowStopped, StopReason
 from pipelines.reporting import Reporter
-from pipelines.run_state import Phase, flow_run_state
+from pipelines.run_state import NOTE_GRACE_SECONDS, Phase, flow_run_state
 from pipelines.settings import load_settings
 from pipelines.spec import FlowSpec, load_spec
+from pipelines.supervisor import note_pending_restart
 
 
 @pytest.fixture
@@ -38,7 +41,8 @@ def flow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FlowSpec:
 
 def lease(spec: FlowSpec, owner: str, pid: int, seconds: float = 60.0) -> FlowLease:
     folder = FlowState.of(spec, load_settings()).lease_dir.path
-    held = FlowLease(spec.name, FileLeaseStore(folder), owner, {"pid": str(pid)}, seconds)
+    details = {"host": socket.gethostname(), "pid": str(pid)}
+    held = FlowLease(spec.name, FileLeaseStore(folder), owner, details, seconds)
     held.acquire()
     return held
 
@@ -56,7 +60,7 @@ def record(spec: FlowSpec, owner: str, stopped: FlowStopped) -> None:
 def test_never_run_then_running_with_its_heartbeats_lag(flow: FlowSpec) -> None:
     settings = load_settings()
     assert flow_run_state(flow, settings).phase is Phase.NEVER_RUN
-    lease(flow, "cli-1", 1)  # pid 1 lives: the owner runs
+    lease(flow, "cli-1", os.getpid())  # the launcher lives
     starting = flow_run_state(flow, settings)
     assert (starting.phase, starting.token, starting.lag_text()) == (
         Phase.RUNNING,
@@ -73,7 +77,7 @@ def test_never_run_then_running_with_its_heartbeats_lag(flow: FlowSpec) -> None:
 def test_a_failure_is_recorded_with_its_reason_time_exit_code_and_first_line(
     flow: FlowSpec,
 ) -> None:
-    held = lease(flow, "cli-2", 1)
+    held = lease(flow, "cli-2", os.getpid())
     heartbeat(flow, "cli-2").beat("orders", "orders.bronze", committed_batch=1, lag=0)
     cause = "disk full on /lake: java.io.IOException: No space left on device\n\tat ..."
     record(flow, "cli-2", FlowStopped("orders", StopReason.DISK_FULL, cause, exit_code=1))
@@ -88,7 +92,7 @@ def test_a_failure_is_recorded_with_its_reason_time_exit_code_and_first_line(
 
 
 def test_a_clean_stop_says_who_asked(flow: FlowSpec) -> None:
-    held = lease(flow, "cli-3", 1)
+    held = lease(flow, "cli-3", os.getpid())
     by = "conflux stop (user ann on h1, pid 42)"
     record(flow, "cli-3", FlowStopped("orders", StopReason.STOPPED_ON_REQUEST, by, exit_code=0))
     held.release()
@@ -103,7 +107,7 @@ def test_a_killed_application_is_a_crash_or_restarting_under_a_supervisor(
     """The application beats once, then is gone: a process of its own that exits, as a killed
     driver's would."""
     settings = load_settings()
-    lease(flow, "cli-4", 1)  # the launcher lives on (a Dagster step, a terminal)
+    held = lease(flow, "cli-4", os.getpid())  # the launcher lives on (a Dagster step, a terminal)
     health_file = FlowState.of(flow, settings).health_file.path
     beat_once = (
         "import sys; from pipelines.health import HeartbeatWriter; from pipelines.location "
@@ -114,12 +118,18 @@ def test_a_killed_application_is_a_crash_or_restarting_under_a_supervisor(
     crashed = flow_run_state(flow, settings)
     assert crashed.phase is Phase.FAILED and crashed.reason is StopReason.CRASH
     assert "its application is not running" in crashed.summary and "expires" in crashed.summary
-    restarting = flow_run_state(flow, settings, supervised=True)
+    # Its supervisor (here: this process, as Dagster's run worker would be) will restart it.
+    note_pending_restart([flow], settings, "cli-4", 1, "killed", os.getpid())
+    held.release()
+    restarting = flow_run_state(flow, settings)
     assert restarting.phase is Phase.RESTARTING and not restarting.ok
+    assert "attempt 1 of 5 at " in restarting.summary and "after killed" in restarting.summary
+    later = flow_run_state(flow, settings, now=time.time() + 10 + NOTE_GRACE_SECONDS + 1)
+    assert later.phase is Phase.FAILED  # long overdue: its supervisor is gone or stuck
 
 
 def test_an_expired_lease_shows_as_expired(flow: FlowSpec) -> None:
-    lease(flow, "cli-5", 1, seconds=0.5)
+    lease(flow, "cli-5", os.getpid(), seconds=0.5)
     time.sleep(1.0)
     state = flow_run_state(flow, load_settings())
     assert state.phase is Phase.FAILED and state.reason is StopReason.CRASH

@@ -7,6 +7,8 @@ broker probe a script of answers: the real application and broker are in
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +20,10 @@ from pipelines.lease import FileLeaseStore, FlowLease
 from pipelines.messages import FlowStopped, StopReason
 from pipelines.reporting import Reporter
 from pipelines.run_state import Phase, RunState, flow_run_state
-from pipelines.runner import EXIT_FAILED, EXIT_OK
+from pipelines.runner import EXIT_FAILED, EXIT_LEASE, EXIT_OK
 from pipelines.settings import Settings, load_settings
 from pipelines.spec import FlowSpec, KafkaSource, load_spec
+from pipelines.status import read_status
 from pipelines.supervisor import Attempt, Supervisor
 
 
@@ -52,7 +55,8 @@ class Runs:
         code, reason = next(self.endings)
         owner = f"cli-{next(self.owners)}"
         state = FlowState.of(self.spec, load_settings())
-        lease = FlowLease("orders", FileLeaseStore(state.lease_dir.path), owner, {"pid": "1"})
+        here = {"host": socket.gethostname(), "pid": str(os.getpid())}  # the launcher lives
+        lease = FlowLease("orders", FileLeaseStore(state.lease_dir.path), owner, here)
         lease.acquire()
         if reason is not None:
             reporter = Reporter()
@@ -74,9 +78,11 @@ class Clock:
         return self.now
 
     def wait(self, seconds: float) -> bool:
-        self.states.append(flow_run_state(self.spec, self.settings, now=self.now))
-        self.waits.append(seconds)
-        self.now += seconds
+        """Sleep ``seconds`` (0: only ask whether a stop was requested)."""
+        if seconds > 0:
+            self.states.append(flow_run_state(self.spec, self.settings, now=self.now))
+            self.waits.append(seconds)
+            self.now += seconds
         return len(self.waits) == self.interrupt_at
 
 
@@ -108,18 +114,22 @@ def test_a_killed_application_restarts_with_dagsters_backoff_then_gives_up(
     assert code == 137 and clock.waits == [2.0, 6.0]  # 1 then 3 times restart_delay
     first, second = clock.states
     assert first.phase is Phase.RESTARTING and "attempt 1 of 2" in first.summary
-    assert "exited with code 137 without recording why" in first.summary
+    assert "killed by SIGKILL (exit code 137) without recording why" in first.summary
     assert second.phase is Phase.RESTARTING and "attempt 2 of 2" in second.summary
     assert "flow orders failed: crash" in second.summary
-    assert said[-1].startswith("giving up after 2 restart(s)")
+    assert said[-1].startswith("gave up after 2 restart(s)")
+    final = flow_run_state(spec, load_settings(), now=clock.now)
+    assert final.phase is Phase.FAILED and "gave up after 2 restart(s)" in final.summary
 
 
 def test_an_unreachable_source_is_waited_for_without_counting_restarts(spec: FlowSpec) -> None:
     endings = [(EXIT_FAILED, StopReason.SOURCE_ERROR)] * 3 + [(EXIT_OK, StopReason.FINISHED)]
     probes = answers("down", None, "down", "down", None, None)
     code, clock, _said = supervise(spec, endings, probes)
-    assert code == EXIT_OK and clock.waits == [5.0, 10.0, 5.0, 10.0, 20.0, 5.0]
-    assert {s.phase for s in clock.states} == {Phase.WAITING_FOR_SOURCE}
+    # The third failure is answered by the first probe: a failure the probe does not see, so a
+    # counted restart (2 s) follows its 5 s.
+    assert code == EXIT_OK and clock.waits == [5.0, 10.0, 5.0, 10.0, 20.0, 5.0, 2.0]
+    assert {s.phase for s in clock.states[:-1]} == {Phase.WAITING_FOR_SOURCE}
     assert "flow orders failed: source_error" in clock.states[0].summary
     assert (
         "waiting for source since" in clock.states[1].summary
@@ -150,6 +160,48 @@ def test_ctrl_c_while_waiting_stops_the_flow_on_request(spec: FlowSpec) -> None:
     code, clock, _said = supervise(spec, [(137, None)], interrupt_at=1)
     assert code == EXIT_OK and clock.waits == [2.0]
     state = flow_run_state(spec, load_settings(), now=clock.now)
-    assert (
-        state.phase is Phase.STOPPED and "Ctrl-C to conflux run, while it waited" in state.summary
+    assert state.phase is Phase.STOPPED and "a stop of conflux run (Ctrl-C" in state.summary
+
+
+def test_ctrl_c_while_waiting_for_the_source_stops_the_flow_and_exits_0(spec: FlowSpec) -> None:
+    probes = answers("down", "down")
+    code, clock, _said = supervise(
+        spec, [(EXIT_FAILED, StopReason.SOURCE_ERROR)], probes, interrupt_at=2
     )
+    assert code == EXIT_OK and clock.waits == [5.0, 10.0]
+    state = flow_run_state(spec, load_settings(), now=clock.now)
+    assert state.phase is Phase.STOPPED and state.stopped is not None
+    assert state.stopped.exit_code == EXIT_OK
+
+
+def test_a_source_failure_the_probe_does_not_see_is_restarted_and_ends(spec: FlowSpec) -> None:
+    """A deleted topic fails the flow with source_error while the broker answers: restarted like
+    a crash (counted), not waited for forever."""
+    endings = [(EXIT_FAILED, StopReason.SOURCE_ERROR)] * 3
+    code, clock, said = supervise(spec, endings, answers(None, None, None))
+    assert code == EXIT_FAILED and clock.waits == [5.0, 2.0, 5.0, 6.0, 5.0]
+    assert said[-1].startswith("gave up after 2 restart(s): flow orders failed: source_error")
+
+
+def test_a_flow_taken_over_meanwhile_is_left_to_its_new_owner(spec: FlowSpec) -> None:
+    """While the supervisor waits, another run (Dagster, another terminal) takes the flow: the
+    supervisor stops supervising and leaves the new owner's status file alone."""
+    settings = load_settings()
+    state = FlowState.of(spec, settings)
+    probes = iter(["down"])
+
+    def probe(_source: KafkaSource, _settings: Settings) -> str | None:
+        other = FlowLease("orders", FileLeaseStore(state.lease_dir.path), "dagster-9", {})
+        other.acquire()
+        reporter = Reporter()
+        reporter.track_status({"orders": state.status_file}, "dagster-9")
+        reporter.stopped(FlowStopped("orders", StopReason.FINISHED))
+        return next(probes)
+
+    clock = Clock(spec, settings)
+    supervisor = Supervisor([spec], settings, wait=clock.wait, probe=probe, clock=clock.time)
+    said: list[str] = []
+    code = supervisor.run(Runs(spec, [(EXIT_FAILED, StopReason.SOURCE_ERROR)]), said.append)
+    assert code == EXIT_LEASE and said[-1].startswith("flow orders was taken over by dagster-9")
+    assert read_status(spec, settings).owner == "dagster-9"
+    assert read_status(spec, settings).supervision is None
