@@ -137,8 +137,8 @@ demo-steps: ## The demo's steps on the configured lake (make demo: local disk; m
 		backfill -- $(VENV)/bin/dagster asset materialize -m assets.definitions -a defs \
 		--select backfill/revenue_10m,backfill/order_payments \
 		--partition $$($(PY) platform/demo/produce_sample.py --late-day)
-	@$(PY) platform/demo/show_tables.py
-	@echo; $(PY) platform/demo/show_orchestration.py
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) platform/demo/show_tables.py
+	@echo; SPARK_LOCAL_IP=127.0.0.1 $(PY) platform/demo/show_orchestration.py
 	@echo; echo "== conflux flows"; $(VENV)/bin/conflux flows
 	@echo; echo "== conflux status orders"; $(VENV)/bin/conflux status orders
 	@echo; echo "== conflux catalog orders: every table and piece of state the flow owns"; \

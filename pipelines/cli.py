@@ -34,7 +34,7 @@ from pipelines.lease import LeaseHeldError, LeaseTerm
 from pipelines.location import Location
 from pipelines.messages import BatchCommitted
 from pipelines.reporting import PROGRESS_PREFIX
-from pipelines.run_state import Phase, flow_run_state, lease_text, read_status
+from pipelines.run_state import Phase, flow_run_state
 from pipelines.runner import EXIT_CONFIG, EXIT_LEASE
 from pipelines.settings import Settings, load_settings
 from pipelines.spec import (
@@ -45,6 +45,7 @@ from pipelines.spec import (
     json_schema,
     load_specs,
 )
+from pipelines.status import read_status
 from pipelines.stopping import ask_to_stop, requester
 from pipelines.storage import StorageError
 from pipelines.supervisor import Attempt, Supervisor
@@ -159,7 +160,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         "flow": spec.name,
         "state": state.short,
         "run": state.to_json(),
-        "lease": None if term is None else lease_text(term, now),
+        "lease": None if term is None else term.describe(now),
         "table": str(locations.table),
         "checkpoint": str(locations.checkpoint),
         "generation": None if identity is None else identity.generation,
@@ -200,7 +201,7 @@ def batch_line(last: BatchCommitted) -> str:
             f", {last.input_rows} rows read in {last.batch_duration_ms / 1000:.1f} s "
             f"({last.processed_rows_per_second:,.0f} rows/s)"
         )
-    return f"{last.batch_id} at {last.timestamp}: {wrote}"
+    return f"{last.batch_id} of {last.flow} {last.stage} at {last.timestamp}: {wrote}"
 
 
 class _ProgressBar:

@@ -59,6 +59,10 @@ def new_owner_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:12]}"
 
 
+#: Details that tell the owner's process apart (:func:`owner_process_gone`), not shown to people.
+_IDENTITY_ONLY = frozenset({"pidns", "started"})
+
+
 def _start_ticks(pid: int | str) -> str | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22): a
     pid reused by a later process has another; None when unknown."""
@@ -153,12 +157,21 @@ class LeaseTerm:
     def duration(self) -> float:
         return self.expires_at - self.renewed_at
 
-    def describe(self) -> str:
-        where = ", ".join(f"{k} {v}" for k, v in sorted(self.details.items()))
-        return (
-            f"owner {self.owner} ({where}) since {_iso(self.acquired_at)}, "
-            f"expires {_iso(self.expires_at)}"
+    def describe(self, now: float | None = None) -> str:
+        """Who holds it (the details a person reads; not the pid namespace and start time that
+        tell the process apart) and since when; held until, expired (how long ago), or
+        released."""
+        where = ", ".join(
+            f"{k} {v}" for k, v in sorted(self.details.items()) if k not in _IDENTITY_ONLY
         )
+        held = f"owner {self.owner} ({where}) since {_iso(self.acquired_at)}"
+        now = time.time() if now is None else now
+        if self.released:
+            return f"{held}, released"
+        if self.expires_at <= now:
+            ago = now - self.expires_at
+            return f"{held}, expired at {_iso(self.expires_at)} ({ago:.0f} s ago)"
+        return f"{held}, expires {_iso(self.expires_at)}"
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "details": dict(self.details)}, sort_keys=True)

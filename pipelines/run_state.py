@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -85,22 +84,6 @@ NO_RECORD = (
     "its application ended without recording why: killed (kill -9, out of memory) or its host "
     "was lost"
 )
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-
-
-def lease_text(term: LeaseTerm, now: float) -> str:
-    """The lease as it stands: held until, expired (and how long ago), or released."""
-    where = ", ".join(f"{k} {v}" for k, v in sorted(term.details.items()))
-    held = f"owner {term.owner} ({where}) since {_iso(term.acquired_at)}"
-    if term.released:
-        return f"{held}, released"
-    if term.expires_at <= now:
-        ago = now - term.expires_at
-        return f"{held}, expired at {_iso(term.expires_at)} ({ago:.0f} s ago)"
-    return f"{held}, expires {_iso(term.expires_at)}"
 
 
 @dataclass(frozen=True)
@@ -214,7 +197,7 @@ def _gone(term: LeaseTerm, now: float, why: str) -> RunState:
     """The owner's application is gone without a record."""
     return RunState(
         Phase.FAILED,
-        f"failed: crash: {why} (lease {lease_text(term, now)})",
+        f"failed: crash: {why} (lease {term.describe(now)})",
         term.owner,
         reason=StopReason.CRASH,
     )

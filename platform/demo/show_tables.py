@@ -64,6 +64,10 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
         ).orderBy("partition", "offset").show(20, truncate=False)
 
 
+#: Characters of a late row's JSON shown (the whole row is in the table).
+LATE_ROW_CHARS = 70
+
+
 def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
     """Each gold table's newest windows, its late rows and what backfills reconciled."""
     from pipelines.gold.backfill import unreconciled
@@ -78,13 +82,14 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
         # A late row: when it happened, what it missed, and the whole silver row (key, payload).
         if isinstance(gold, GoldJoinSpec):  # the newest pairs; a late row's side and time
             newest = ["_left_time", *gold.join.keys]
-            row = F.to_json(F.coalesce("_left", "_right")).alias("row")
+            whole = F.coalesce(F.to_json("_left"), F.to_json("_right"))
+            row = F.substring(whole, 1, LATE_ROW_CHARS).alias("row (key first)")
             late_columns = [F.col("_side"), F.col("_event_time"), row]
             what, matched = "joined rows", F.count(F.when(~F.col("_matched"), 1))
             side = " of the side behind"
         else:  # the newest windows; a late row's time and the window it missed
             newest = ["window_start", *gold.group_by]
-            row = F.to_json("_event").alias("row")
+            row = F.substring(F.to_json("_event"), 1, LATE_ROW_CHARS).alias("row (key first)")
             late_columns = [F.col(c) for c in ("_event_time", "_window_start", "_window_end")]
             late_columns.append(row)
             what, matched, side = "windows", F.lit(None), ""
@@ -149,6 +154,7 @@ def show_history(spark: SparkSession, spec: FlowSpec, settings: Settings) -> Non
 def main() -> int:
     settings = load_settings()
     spark = get_spark_session("conflux-show-tables", settings, ui=False)
+    spark.sparkContext.setLogLevel("ERROR")  # the tables are the story, not planner WARNs
     for spec in load_specs(settings.flows_dir):
         path = str(FlowState.of(spec, settings).table)
         if not DeltaTable.isDeltaTable(spark, path):

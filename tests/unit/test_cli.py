@@ -120,7 +120,8 @@ def test_status_reads_a_status_file_written_by_the_previous_version(
     assert main(["status", "orders"]) == 0
     out = capsys.readouterr().out
     assert (
-        "last batch  2 at 2024-11-20T17:02:44.001Z: 0 rows added (a replay: Delta skipped its "
+        "last batch  2 of orders bronze at 2024-11-20T17:02:44.001Z: 0 rows added (a replay: "
+        "Delta skipped its "
         "writes), 50 rows read in 4.0 s (12 rows/s)"
     ) in out
     assert "lag         unknown: not running (0 when batch 2 committed)" in out
