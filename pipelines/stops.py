@@ -186,6 +186,20 @@ def jvm_reason(throwable: Any) -> StopReason | None:
     return None
 
 
+def source_failure(raised: BaseException | None, query_error: Any) -> str | None:
+    """The source's own exception behind a failure (the innermost of the source's classes along
+    the Java chain: the most specific), as ``class: message``; None if there is none."""
+    throwable = (java_exception(raised) if raised is not None else None) or query_error
+    found = None
+    try:
+        for current in _java_chain(throwable):
+            if _java_classes(current) & SOURCE_FAILURES:
+                found = f"{current.getClass().getName()}: {current.getMessage() or ''}".strip()
+    except Py4JError:  # the JVM is gone: what was found so far
+        pass
+    return found
+
+
 def query_exception(query: Any) -> Any | None:
     """The Java exception a Spark streaming query failed with (None: none, or not Spark's)."""
     jsq = getattr(query, "_jsq", None)
@@ -207,7 +221,8 @@ def failure_stop(
     ``query_error``: the query's Java exception. The message a user reads is a Conflux error's
     own (``Type: message``, all its lines) instead of the Py4J traceback and the query's plan
     around it; a full disk's names the volume (``disk full on /data: ...``); anything else as
-    Spark reported it.
+    Spark reported it; a source's failure starts with the Kafka client's own exception (``class:
+    message``), which the Py4J traceback around it hides.
     """
     if raised is not None:
         reason = stop_reason(raised)
@@ -218,5 +233,8 @@ def failure_stop(
     full = disk_full(raised, query_error) if reason is StopReason.DISK_FULL else None
     if full is not None:
         text = full.describe()
+    source = source_failure(raised, query_error) if reason is StopReason.SOURCE_ERROR else None
+    if source is not None and not text.startswith(source):  # its first line says what failed
+        text = f"{source}\n{text}"
     names = own.names if isinstance(own, ExpectationFailedError) else ()
     return FlowStopped(flow, reason, f"flow {query} failed: {text}", query, names)

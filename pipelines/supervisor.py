@@ -209,8 +209,7 @@ class Supervisor:
         if not failures:
             return Step(Action.RESTART, StopReason.CRASH, unrecorded_exit(attempt.code))
         first = failures[0]
-        line = first.first_line
-        cause = f"flow {first.flow} failed: {first.reason.value}" + (f": {line}" if line else "")
+        cause = f"{first.first_line or f'flow {first.flow} failed'} [{first.reason.value}]"
         if any(r.reason.repeats_on_restart for r in failures):
             return Step(Action.DONE, first.reason, cause)
         if first.reason is StopReason.SOURCE_ERROR and self.policy.unavailable_for > 0:

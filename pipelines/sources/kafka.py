@@ -136,5 +136,6 @@ def broker_unreachable(source: KafkaSource, settings: Settings, timeout: float =
         error = exc.args[0] if exc.args else exc
         if isinstance(error, KafkaError) and error.code() in answered:
             return None
-        return f"brokers {servers} did not answer within {timeout:.0f} s ({error})"
+        detail = error.str() if isinstance(error, KafkaError) else str(error)
+        return f"brokers {servers} did not answer within {timeout:.0f} s: {detail}"
     return None

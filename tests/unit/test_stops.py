@@ -210,9 +210,17 @@ def test_any_other_failure_is_reported_as_spark_reported_it() -> None:
     text = "[DELTA_TABLE_NOT_FOUND] Delta table `x` doesn't exist."
     stopped = failure_stop("a", "a", ValueError("x"), None, text)
     assert (stopped.reason, stopped.message) == (StopReason.CRASH, f"flow a failed: {text}")
-    kafka = JavaThrowable(STREAMING, "failed", JavaThrowable(UNKNOWN_TOPIC, "This server..."))
+    gone = JavaThrowable(UNKNOWN_TOPIC, "This server...")
+    kafka = JavaThrowable(STREAMING, "failed", JavaThrowable(KAFKA, "wrapped", gone))
     stopped = failure_stop("a", "a", None, kafka, text)
-    assert (stopped.reason, stopped.message) == (StopReason.SOURCE_ERROR, f"flow a failed: {text}")
+    first = (
+        f"{UNKNOWN_TOPIC.name}: This server..."  # the innermost of the source's, not the proxy's
+    )
+    assert (stopped.reason, stopped.message) == (
+        StopReason.SOURCE_ERROR,
+        f"flow a failed: {first}\n{text}",
+    )
+    assert stopped.first_line == f"flow a failed: {first}"
     assert failure_stop("a", "a", None, None, text).reason is StopReason.CRASH
 
 
