@@ -30,6 +30,7 @@ from pipelines.errors import ConfigError
 from pipelines.lease import FlowLease, new_owner_id, owner_details
 from pipelines.location import Location
 from pipelines.spec import FlowSpec
+from pipelines.timestamps import iso_utc
 
 FLOW_PROPERTY, FLOW_ID_PROPERTY, GENERATION_PROPERTY = (
     "conflux.flow",
@@ -82,7 +83,7 @@ class FlowIdentity:
             table=spec.target.table,
             table_path=str(locations.table),
             generation=generation,
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            created_at=iso_utc(),
         )
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -100,6 +101,29 @@ TERMINAL_EVERY, LOG_EVERY = 1.0, 10.0
 def progress_every(stream: TextIO = sys.stderr) -> float:
     """How often :class:`JobProgress` shows a line on ``stream``."""
     return TERMINAL_EVERY if stream.isatty() else LOG_EVERY
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+@contextmanager
+def ticking(every: float, show: Callable[[str], None] = _say) -> Iterator[None]:
+    """A line saying how long it has been, every ``every`` seconds while the block runs: a long
+    wait that shows it is alive (a build, a Spark job whose own output goes to a log)."""
+    started, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            show(f"  ... {time.monotonic() - started:.0f} s")
+
+    thread = threading.Thread(target=tick, name="ticking", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def terminal_bar(stream: TextIO = sys.stderr) -> Callable[[str], None]:

@@ -33,6 +33,7 @@ clock skew well below the safety margin (NTP keeps it in milliseconds).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -41,12 +42,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.errors import ConfigError
 from pipelines.storage import LocalStorage, StateStorage, join
+from pipelines.timestamps import iso_utc
 
 TERM_PREFIX, TERM_SUFFIX = "term-", ".json"
 #: Terms kept below the current one; older ones are deleted (only the newest matters).
@@ -73,7 +74,9 @@ def _start_ticks(pid: int | str) -> str | None:
     return stat.rpartition(")")[2].split()[19]
 
 
+@functools.cache
 def _pid_namespace() -> str | None:
+    """This process's pid namespace (fixed for its life: read once)."""
     try:
         return os.readlink("/proc/self/ns/pid")
     except OSError:
@@ -131,10 +134,6 @@ def dead_in_process_owner(term: LeaseTerm) -> bool:
     return term.details.get("launcher") == IN_PROCESS_LAUNCHER and owner_process_gone(term)
 
 
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-
-
 @dataclass(frozen=True)
 class LeaseTerm:
     """One term of a flow's lease: who owns it, since when, until when."""
@@ -164,14 +163,14 @@ class LeaseTerm:
         where = ", ".join(
             f"{k} {v}" for k, v in sorted(self.details.items()) if k not in _IDENTITY_ONLY
         )
-        held = f"owner {self.owner} ({where}) since {_iso(self.acquired_at)}"
+        held = f"owner {self.owner} ({where}) since {iso_utc(self.acquired_at)}"
         now = time.time() if now is None else now
         if self.released:
             return f"{held}, released"
         if self.expires_at <= now:
             ago = now - self.expires_at
-            return f"{held}, expired at {_iso(self.expires_at)} ({ago:.0f} s ago)"
-        return f"{held}, expires {_iso(self.expires_at)}"
+            return f"{held}, expired at {iso_utc(self.expires_at)} ({ago:.0f} s ago)"
+        return f"{held}, expires {iso_utc(self.expires_at)}"
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "details": dict(self.details)}, sort_keys=True)
@@ -311,7 +310,9 @@ class FlowLease:
         held = self._held()
         now = clock()
         if not held.live(now):
-            raise LeaseLostError(f"flow {self.flow}: the lease expired at {_iso(held.expires_at)}")
+            raise LeaseLostError(
+                f"flow {self.flow}: the lease expired at {iso_utc(held.expires_at)}"
+            )
         renewed = replace(held, term=held.term + 1, renewed_at=now, expires_at=now + self.duration)
         if not self.store.create(renewed):
             raise LeaseLostError(f"flow {self.flow}: another owner took the lease")
@@ -365,7 +366,7 @@ class LeaseGuard:
         if not term.live(margin=term.duration / 3):
             raise LeaseLostError(
                 f"flow {self.flow}: the lease of {self.owner} expires at "
-                f"{_iso(term.expires_at)} and was not renewed (is its launcher gone?)"
+                f"{iso_utc(term.expires_at)} and was not renewed (is its launcher gone?)"
             )
         if term.details.get("launcher") != IN_PROCESS_LAUNCHER and owner_process_gone(term):
             # Its launcher renews the lease and releases it once the application exits: gone

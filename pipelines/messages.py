@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from pipelines.catalog.roles import BRONZE_STAGE, SILVER_STAGE, gold_stage, is_gold_stage
+from pipelines.timestamps import iso_utc
 
 #: A JSON object as :func:`json.loads` returns it.
 JsonObject = dict[str, Any]
@@ -448,9 +448,7 @@ class FlowStopped:
     query: str | None = None
     expectations: tuple[str, ...] = ()
     #: Not compared: two records of one stop are equal whenever they were made.
-    at: str = field(
-        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), compare=False
-    )
+    at: str = field(default_factory=iso_utc, compare=False)
     exit_code: int | None = None
 
     TYPE = "flow_stopped"

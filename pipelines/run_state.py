@@ -41,7 +41,8 @@ from pipelines.lease import LeaseTerm, owner_process_gone, process_gone
 from pipelines.messages import FlowStopped, StopReason
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, duration_seconds
-from pipelines.status import FlowStatus, Supervision, SupervisorNote, epoch_of, read_status
+from pipelines.status import FlowStatus, Supervision, SupervisorNote, read_status
+from pipelines.timestamps import epoch_of
 
 
 class Phase(StrEnum):

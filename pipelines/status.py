@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -25,19 +24,6 @@ from pipelines.messages import (
 )
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
-
-
-def iso_utc(epoch: float) -> str:
-    """``epoch`` as the ISO 8601 UTC time a status file holds (seconds)."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-
-
-def epoch_of(iso: str) -> float | None:
-    """The epoch of an ISO 8601 time a status file holds; None if it is not one."""
-    try:
-        return datetime.fromisoformat(iso).timestamp()
-    except ValueError:
-        return None
 
 
 class Supervision(StrEnum):

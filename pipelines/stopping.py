@@ -17,13 +17,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.location import Location
+from pipelines.timestamps import iso_utc
 
 #: How often a stop file on an object store is looked for (a request each time; local ones are
 #: looked for at every check).
@@ -42,8 +42,7 @@ def requester(what: str) -> str:
 def ask_to_stop(stop_file: Location, by: str) -> None:
     """Create ``stop_file``, naming who asks (:func:`requester`) and when: the runner records it
     as the stop's reason, which the flow's state shows."""
-    at = datetime.now(UTC).isoformat(timespec="seconds")
-    stop_file.write_text(json.dumps({"by": by, "at": at}))
+    stop_file.write_text(json.dumps({"by": by, "at": iso_utc()}))
 
 
 def stop_requested_by(stop_file: Location) -> str:

@@ -46,11 +46,11 @@ from pipelines.status import (
     FlowStatus,
     Supervision,
     SupervisorNote,
-    iso_utc,
     read_status,
     write_status,
 )
 from pipelines.stopping import requester
+from pipelines.timestamps import iso_utc
 
 #: Seconds between probes of an unreachable source: 5, 10, 20, then every 30.
 PROBE_BACKOFF = (5.0, 10.0, 20.0, 30.0)

@@ -49,6 +49,7 @@ from pipelines.location import Location
 from pipelines.progress import delta_version
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec
+from pipelines.timestamps import iso_utc
 
 #: Table properties the swap carries over from the rebuilt twin (Conflux's own records).
 _CARRIED_PREFIX = "conflux."
@@ -99,7 +100,7 @@ def begin_refresh(spec: FlowSpec, settings: Settings) -> SilverRefresh:
     refresh = SilverRefresh(
         flow=spec.name,
         generation=current + 1,
-        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        started_at=iso_utc(),
     )
     locations.refresh_checkpoint.remove_tree()  # no half-built leftovers
     _save(locations, refresh)

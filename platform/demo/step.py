@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pipelines.job_progress import ticking
 from pipelines.reporting import PROGRESS_PREFIX
 from pipelines.settings import load_settings
 
@@ -63,14 +63,8 @@ def run(title: str, log_name: str, command: list[str]) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{log_name}.log"
     print(f"\n== {title}", flush=True)
-    started, done = time.monotonic(), threading.Event()
-
-    def tick() -> None:
-        while not done.wait(TICK_SECONDS):
-            print(f"  ... {time.monotonic() - started:.0f} s", flush=True)
-
-    threading.Thread(target=tick, daemon=True).start()
-    with log.open("w") as out:
+    started = time.monotonic()
+    with log.open("w") as out, ticking(TICK_SECONDS):
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -80,7 +74,6 @@ def run(title: str, log_name: str, command: list[str]) -> int:
             if (story := told(line)) is not None:
                 print(story, flush=True)
         code = process.wait()
-    done.set()
     text = log.read_text(errors="replace")
     for stage, rows in sorted(batches(text).items()):
         print(f"  {stage}: {rows} rows added", flush=True)

@@ -19,22 +19,20 @@ start without it), and a stale archive is not passed to the JVM at all.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipelines.errors import ConfigError
+from pipelines.job_progress import ticking
 from pipelines.jvm import ARCHIVE_NAME, DUMP_ENV, archive_key, check_java, class_archive
 from pipelines.processes import group_pids
 from pipelines.profiles import Profile
@@ -139,24 +137,6 @@ def _wait_for_group(pgid: int, timeout: float) -> None:
         time.sleep(0.2)
 
 
-@contextlib.contextmanager
-def _ticking(started: float, every: float = 15.0) -> Iterator[None]:
-    """A line every ``every`` seconds while the block runs: a long wait that shows it is alive."""
-    done = threading.Event()
-
-    def tick() -> None:
-        while not done.wait(every):
-            print(f"  ... {time.monotonic() - started:.0f} s", flush=True)
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="build even if up to date")
@@ -177,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         with (
             tempfile.TemporaryDirectory(prefix=".class-archive-", dir=jars_dir) as scratch,
-            _ticking(started),
+            ticking(15.0),
         ):
             staged = Path(scratch) / ARCHIVE_NAME  # same filesystem: os.replace is atomic
             train(staged, Path(scratch) / "runtime")
