@@ -143,6 +143,7 @@ demo-steps: ## The demo's steps on the configured lake (make demo: local disk; m
 	@echo; echo "== conflux status orders"; $(VENV)/bin/conflux status orders
 	@echo; echo "== conflux catalog orders: every table and piece of state the flow owns"; \
 		$(VENV)/bin/conflux catalog orders
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) platform/demo/outage.py
 	@echo; echo "Open the UI with: make ui   (then http://127.0.0.1:3000)"
 
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000

@@ -488,7 +488,8 @@ def run_flows(
         returncode = application.wait()
         if returncode != 0:
             stopped_by_policy = monitor.report_stops()
-            retried = returncode not in (EXIT_CONFIG, EXIT_LEASE) and not stopped_by_policy
+            final = stopped_by_policy or any(stop.reason.final for stop in monitor.stops)
+            retried = returncode not in (EXIT_CONFIG, EXIT_LEASE) and not final
             if retried and continuous:  # the retry policy starts it again: the state says so
                 cause = " | ".join(monitor.errors) or unrecorded_exit(returncode)
                 note_pending_restart(

@@ -421,6 +421,8 @@ class StopReason(StrEnum):
     CONFIG_ERROR = "config_error"
     #: The source failed: its broker or topic (Kafka), its files.
     SOURCE_ERROR = "source_error"
+    #: The source stayed unreachable for ``source.unavailable_for`` while the flow waited for it.
+    SOURCE_UNAVAILABLE = "source_unavailable"
     #: A disk the flow writes to is full.
     DISK_FULL = "disk_full"
     #: Another flow of the same Spark application failed, and the runner stopped them all.
@@ -433,6 +435,12 @@ class StopReason(StrEnum):
         """A refusal the spec asked for: the next start replays the same batch and stops again,
         so a restart is no cure (Dagster does not retry it)."""
         return self in (StopReason.EXPECTATION_FAILED, StopReason.SCHEMA_CHANGE_REFUSED)
+
+    @property
+    def final(self) -> bool:
+        """No supervisor starts the flow again: a refusal that repeats on restart, or a source
+        that stayed unreachable for as long as the spec allows (the flow already waited)."""
+        return self.repeats_on_restart or self is StopReason.SOURCE_UNAVAILABLE
 
 
 @dataclass(frozen=True)

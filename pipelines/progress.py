@@ -232,6 +232,11 @@ class BatchFailures:
         with self._lock:
             self._raised.setdefault(query, exc)  # the first: what failed the query
 
+    def forget(self, query: str) -> None:
+        """``query`` starts again: what failed its last run no longer says why it fails next."""
+        with self._lock:
+            self._raised.pop(query, None)
+
     def of(self, query: str) -> BaseException | None:
         """What failed a batch of ``query`` (None: nothing raised in its ``foreachBatch``)."""
         with self._lock:

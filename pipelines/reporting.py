@@ -23,7 +23,7 @@ from pipelines.catalog.roles import TableRole, role_id
 from pipelines.catalog.state import write_json_atomically
 from pipelines.location import Location
 from pipelines.messages import BatchCommitted, ErrorReported, FlowStopped, StageStarted, StopReason
-from pipelines.status import FlowStatus
+from pipelines.status import FlowStatus, SupervisorNote
 
 PROGRESS_PREFIX = "conflux.progress "
 #: Stops of a run whose flow another owner holds: its status file is that owner's to write.
@@ -102,6 +102,15 @@ class Reporter:
         if status_file is not None and stopped.reason not in NOT_OURS:
             last = self._last_batches.get(stopped.flow)
             write_json_atomically(status_file, FlowStatus(self._owner, last, stopped).to_json())
+
+    def supervising(self, flow: str, note: SupervisorNote | None) -> None:
+        """A query of ``flow`` waits inside this run (``note``), or no longer does (None): into
+        the flow's status file, beside its last batch (a batch committed next clears it too)."""
+        status_file = self._status_files.get(flow)
+        if status_file is not None:
+            last = self._last_batches.get(flow)
+            status = FlowStatus(self._owner, last, supervision=note)
+            write_json_atomically(status_file, status.to_json())
 
     def info(self, message: str) -> None:
         print(f"conflux: {message}", file=sys.stderr, flush=True)

@@ -16,8 +16,9 @@ in the status file (a :class:`~pipelines.status.SupervisorNote`).
 - **restarting**: the application is down and its supervisor starts it again: ``conflux run``'s
   (:mod:`pipelines.supervisor`) or Dagster's retry policy (``assets/launch.py``), whose note in
   the status file says which attempt of how many, and when;
-- **waiting for source**: ``conflux run``'s supervisor probes an unreachable broker (since when,
-  the last error, when it gives up).
+- **waiting for source**: a query whose broker stopped answering waits inside its application
+  (:mod:`pipelines.outages`), or ``conflux run``'s supervisor waits before starting the
+  application again; either probes the broker (since when, the last error, when it gives up).
 - **failed**: the run recorded a failure (its typed reason, the first line of the cause, when,
   the exit code); or it recorded nothing and is gone (lease expired or released, or its process
   gone): killed (``kill -9``, out of memory) or its host lost, reason ``crash``.
@@ -71,6 +72,7 @@ REASON_TEXT: dict[StopReason, str] = {
     StopReason.LEASE_HELD: "another owner held its lease",
     StopReason.CONFIG_ERROR: "misconfiguration",
     StopReason.SOURCE_ERROR: "source unreachable or failing",
+    StopReason.SOURCE_UNAVAILABLE: "source unreachable for longer than source.unavailable_for",
     StopReason.DISK_FULL: "disk full",
     StopReason.OTHER_FLOW_FAILED: "another flow of its application failed",
     StopReason.CRASH: "crash",
@@ -169,10 +171,13 @@ def _ended(term: LeaseTerm, record: FlowStopped) -> RunState:
 
 
 def _note_applies(note: SupervisorNote | None, term: LeaseTerm, now: float) -> bool:
-    """A supervisor's note tells the state while the lease it followed is no longer held, its
-    supervisor lives (on this host: its pid), and its next step is not long overdue (a
-    supervisor elsewhere that died)."""
-    if note is None or term.live(now) or process_gone(note.host, note.pid):
+    """A supervisor's note tells the state while its supervisor lives (on this host: its pid) and
+    its next step is not long overdue (a supervisor elsewhere that died), and: the lease it
+    followed is no longer held (an application-level restart), or is held (a query waiting
+    inside its running application, :mod:`pipelines.outages`)."""
+    if note is None or term.live(now) != (note.query is not None):
+        return False
+    if process_gone(note.host, note.pid):
         return False
     due = epoch_of(note.next_try_at)
     return due is None or now <= due + NOTE_GRACE_SECONDS

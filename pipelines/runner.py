@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -34,7 +33,6 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines.catalog.roles import BRONZE_STAGE, SILVER_STAGE
 from pipelines.catalog.state import FlowState
 from pipelines.catalog.tables import check_locations
 from pipelines.delta_writes import wait_for_background_work
@@ -54,7 +52,9 @@ from pipelines.lease import (
     owner_details,
 )
 from pipelines.location import Location
-from pipelines.messages import FlowStopped, StageStarted, StopReason
+from pipelines.messages import FlowStopped, StopReason
+from pipelines.outages import SourceOutages
+from pipelines.phases import Phases, readers_last
 from pipelines.progress import BatchFailures, ProgressTracker, flow_of_query
 from pipelines.reporting import Reporter, open_reporter
 from pipelines.settings import Settings, load_settings
@@ -72,9 +72,13 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LEASE = 0, 1, 2, 3
 POLL_SECONDS = 0.5
 
 
-def first_failure(queries: dict[str, StreamingQuery]) -> tuple[str, str] | None:
+def first_failure(
+    queries: dict[str, StreamingQuery], waiting: Collection[str] = ()
+) -> tuple[str, str] | None:
+    """(name, Spark's error) of the first query that failed, but those ``waiting`` for their
+    source (:mod:`pipelines.outages`)."""
     for name, query in queries.items():
-        if not query.isActive:
+        if name not in waiting and not query.isActive:
             error = query.exception()
             if error is not None:
                 return name, str(error)
@@ -138,96 +142,6 @@ class Ending:
         )
 
 
-#: The stage kinds that write a flow's silver events (which other flows' stages may read).
-FEEDING_KINDS = (BRONZE_STAGE, SILVER_STAGE)
-
-
-class Phases:
-    """Starts each flow's stage queries phase by phase (:meth:`FlowPipeline.phases`): a flow's
-    next phase starts once all its queries of the current one ended cleanly, independently of
-    the other flows of the application (a continuous flow never holds an incremental one up)."""
-
-    def __init__(
-        self, pipelines: Sequence[FlowPipeline], spark: SparkSession, trigger_mode: str | None
-    ) -> None:
-        self.spark, self.trigger_mode = spark, trigger_mode
-        self.pipelines = {p.spec.name: p for p in pipelines}
-        self.pending = {p.spec.name: deque(p.phases(trigger_mode)) for p in pipelines}
-        self.trigger_modes = {p.spec.name: trigger_mode or p.spec.trigger.mode for p in pipelines}
-        self.running: dict[str, list[str]] = {}
-
-    @property
-    def done(self) -> bool:
-        return not any(self.pending.values())
-
-    def start(self, flow: str) -> dict[str, StreamingQuery]:
-        pipeline = self.pipelines[flow]
-        started = {
-            head.query_name: pipeline.start(head, self.spark, self.trigger_mode)
-            for head in self.pending[flow].popleft()
-        }
-        self.running[flow] = list(started)
-        return started
-
-    def started(self, query: str) -> list[StageStarted]:
-        """The stages that started with ``query``: its own, and those fused into it."""
-        for flow, pipeline in self.pipelines.items():
-            for head in pipeline.stages:
-                if head.own_query and head.query_name == query:
-                    return [
-                        StageStarted(flow, stage.kind, query)
-                        for stage in (head, *pipeline.fused_after(head))
-                    ]
-        return []
-
-    def start_first(self) -> dict[str, StreamingQuery]:
-        started: dict[str, StreamingQuery] = {}
-        try:
-            for flow in self.pipelines:
-                started.update(self.start(flow))
-        except BaseException:
-            for query in started.values():
-                query.stop()
-            raise
-        return started
-
-    def _feeds_others(self, flow: str, queries: dict[str, StreamingQuery]) -> bool:
-        """Whether ``flow`` still has a bronze or silver query to run or running (another flow's
-        stage that reads its events waits for those)."""
-        pending = [s for phase in self.pending[flow] for s in phase]
-        running = [
-            s
-            for s in self.pipelines[flow].stages
-            if s.query_name in self.running.get(flow, []) and queries[s.query_name].isActive
-        ]
-        return any(s.kind in FEEDING_KINDS for s in (*pending, *running))
-
-    def advance(self, queries: dict[str, StreamingQuery]) -> dict[str, StreamingQuery]:
-        """Start the next phase of every flow whose current phase ended without failing, and
-        whose stages of that phase read no flow of the application still feeding its events."""
-        started: dict[str, StreamingQuery] = {}
-        for flow, names in list(self.running.items()):
-            current = [queries[name] for name in names]
-            if not self.pending[flow] or not all(
-                not q.isActive and q.exception() is None for q in current
-            ):
-                continue
-            waits_for = {  # flows of this run that catch up and end (a continuous one never does)
-                other
-                for stage in self.pending[flow][0]
-                for other in stage.reads_flows
-                if other in self.pipelines
-                and other != flow
-                and self.trigger_modes[other] == "available_now"
-            }
-            if self.trigger_modes[flow] == "available_now" and any(
-                self._feeds_others(other, queries) for other in waits_for
-            ):
-                continue
-            started.update(self.start(flow))
-        return started
-
-
 def supervise(
     queries: dict[str, StreamingQuery],
     stop: StopRequest,
@@ -235,13 +149,15 @@ def supervise(
     guards: Sequence[LeaseGuard] = (),
     phases: Phases | None = None,
     failures: BatchFailures | None = None,
+    outages: SourceOutages | None = None,
 ) -> Ending:
     """Wait until the queries end, fail, lose a lease, or a stop is requested; say how it ended.
 
     With ``phases``, the queries of later phases are started (and added to ``queries``) as the
     earlier ones end. "All ended" is read before the failures: a query that ends is inactive with
     its exception already set, so a failure between the two reads cannot pass for a clean end.
-    ``failures``: what the flows' batches raised, which says why a query failed.
+    ``failures``: what the flows' batches raised, which says why a query failed. ``outages``:
+    a query whose source stopped answering waits for it and starts again (module doc there).
     """
     while True:
         if phases is not None and not stop.requested:
@@ -251,15 +167,28 @@ def supervise(
                     reporter.started(started)
                 queries[name] = query
         flows = {flow_of_query(name) for name in queries} | set(phases.pipelines if phases else ())
-        all_ended = all(not q.isActive for q in queries.values()) and (
-            phases is None or phases.done or stop.requested
+        waiting: Collection[str] = ()
+        if outages is not None and not stop.requested:
+            restarted, gave_up = outages.tick()
+            queries.update(restarted)
+            if gave_up is not None:
+                stop_after_inflight_batches(q for q in queries.values() if q.isActive)
+                return Ending.failed(EXIT_FAILED, flows, gave_up)
+            waiting = outages.waiting
+        all_ended = (
+            all(not q.isActive for q in queries.values())
+            and not waiting
+            and (phases is None or phases.done or stop.requested)
         )
-        failure = first_failure(queries)
+        failure = first_failure(queries, waiting)
         if failure is not None:
             lost = lease_taken(guards)
             if lost is not None:  # e.g. a commit refused because the new owner made it first
                 return _lease_lost(queries, lost, reporter, flows, failure)
-            return _failed(queries, failure, reporter, flows, failures)
+            cause = _cause(queries, failure, failures)
+            if outages is not None and outages.begins(failure[0], queries[failure[0]], cause):
+                continue
+            return _failed(queries, cause, reporter, flows)
         if all_ended:  # a stop request may end a run before its later phases start
             pending = stop.requested and phases is not None and not phases.done
             reason = StopReason.STOPPED_ON_REQUEST if pending else StopReason.FINISHED
@@ -297,19 +226,21 @@ def _lease_lost(
     return Ending.failed(EXIT_LEASE, flows, FlowStopped(flow, StopReason.LEASE_LOST, message))
 
 
-def _failed(
-    queries: dict[str, StreamingQuery],
-    failure: tuple[str, str],
-    reporter: Reporter,
-    flows: set[str],
-    failures: BatchFailures | None,
-) -> Ending:
-    """A query failed: report why, stop the others (at once when the lease is lost, else after
-    their in-flight batches commit)."""
+def _cause(
+    queries: dict[str, StreamingQuery], failure: tuple[str, str], failures: BatchFailures | None
+) -> FlowStopped:
+    """Why a query failed (printing Spark's own account of it)."""
     name, error = failure
     print(f"conflux: the failure of {name} as Spark reported it:\n{error}", file=sys.stderr)
     raised = failures.of(name) if failures is not None else None
-    cause = failure_stop(flow_of_query(name), name, raised, query_exception(queries[name]), error)
+    return failure_stop(flow_of_query(name), name, raised, query_exception(queries[name]), error)
+
+
+def _failed(
+    queries: dict[str, StreamingQuery], cause: FlowStopped, reporter: Reporter, flows: set[str]
+) -> Ending:
+    """A query failed: report why, stop the others (at once when the lease is lost, else after
+    their in-flight batches commit)."""
     reporter.error(cause.message)
     lease_lost = cause.reason is StopReason.LEASE_LOST
     active = [query for query in queries.values() if query.isActive]
@@ -377,30 +308,6 @@ def run_flows(
     return run(lease_owner)
 
 
-def readers_last(pipelines: Sequence[FlowPipeline]) -> list[FlowPipeline]:
-    """The pipelines in an order where a flow comes after the flows whose events it reads (they
-    create their events tables when they prepare); flows that read each other (a cycle) come in
-    the order the walk meets them, which prepares one before the other has its table."""
-    by_name = {p.spec.name: p for p in pipelines}
-    ordered: list[FlowPipeline] = []
-    visiting: set[str] = set()
-
-    def visit(pipeline: FlowPipeline) -> None:
-        name = pipeline.spec.name
-        if pipeline in ordered or name in visiting:
-            return
-        visiting.add(name)
-        for stage in pipeline.stages:
-            for other in stage.reads_flows:
-                if other in by_name:
-                    visit(by_name[other])
-        ordered.append(pipeline)
-
-    for pipeline in pipelines:
-        visit(pipeline)
-    return ordered
-
-
 def _run_owned(
     specs: list[FlowSpec],
     settings: Settings,
@@ -438,7 +345,10 @@ def _run_owned(
         reporter.info(f"started flows {', '.join(queries)} (lease owner {owner})")
         for started in (s for name in queries for s in phases.started(name)):
             reporter.started(started)
-        ending = supervise(queries, stop, reporter, list(guards.values()), phases, tracker.failures)
+        outages = SourceOutages({s.name: s for s in specs}, settings, reporter, phases.restart)
+        ending = supervise(
+            queries, stop, reporter, list(guards.values()), phases, tracker.failures, outages
+        )
         for name, query in queries.items():
             tracker.wait_for_batch(name, last_batch_id(query))  # its commit's report is async
         wait_for_background_work()  # before finish() swaps tables they may still read

@@ -27,7 +27,8 @@ from pipelines.spec import FlowSpec
 
 
 class Supervision(StrEnum):
-    """What the supervisor of a failed run (``conflux run``) does before starting it again."""
+    """What a supervisor does before a failed run, or a query of a running one
+    (:mod:`pipelines.outages`), starts again."""
 
     RESTARTING = "restarting"
     WAITING_FOR_SOURCE = "waiting_for_source"
@@ -48,9 +49,15 @@ class SupervisorNote:
     last_error: str
     host: str
     pid: int
+    #: The query that waits inside its running application (:mod:`pipelines.outages`); None:
+    #: the whole application is down and a supervisor outside it starts it again.
+    query: str | None = None
 
     def to_json(self) -> JsonObject:
-        return {**self.__dict__, "state": self.state.value}
+        data = {**self.__dict__, "state": self.state.value}
+        if self.query is None:
+            del data["query"]  # written only when set: older readers read the file unchanged
+        return data
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> SupervisorNote:
@@ -65,6 +72,7 @@ class SupervisorNote:
             last_error=read.get("last_error", str, ""),
             host=read.required("host", str),
             pid=read.required("pid", _strict_int),
+            query=read.optional("query", str),
         )
 
 

@@ -9,12 +9,15 @@ decides:
 - **done**: it ended cleanly (exit 0: caught up, or stopped on request), the user stopped
   ``conflux run``, or a restart is no cure: a misconfiguration (exit 2), a lease another owner holds
   (exit 3), a refusal the spec asked for (an expectation, a schema change: the same batch would
-  fail again);
+  fail again), a source that stayed unreachable past ``source.unavailable_for`` in the
+  application (``source_unavailable``: it already waited);
 - **wait for the source** (``source_error``): the brokers are probed with an admin client
   (:func:`pipelines.sources.kafka.broker_unreachable`), with backoff (5, 10, 20, 30, 30, ...
   s), until they answer, then the application starts again without counting a restart (a
   failure the first probe does not see, e.g. a deleted topic, is restarted as below); past
-  ``source.unavailable_for`` the flow fails with that reason;
+  ``source.unavailable_for`` the flow fails with ``source_unavailable``. This is the fallback
+  for a source error the application did not wait out itself (:mod:`pipelines.outages`: its
+  brokers answered its probe, or the flow failed before its queries ran);
 - **restart** anything else (a crash, ``kill -9``, a full disk freed meanwhile...): attempt n of
   ``trigger.max_restarts`` after ``trigger.restart_delay`` x (2^n - 1), Dagster's exponential
   backoff (1, 3, 7, ... times the delay).
@@ -38,6 +41,7 @@ from functools import partial
 
 from pipelines.catalog.state import FlowState
 from pipelines.messages import FlowStopped, StopReason
+from pipelines.outages import probe_pause
 from pipelines.runner import EXIT_CONFIG, EXIT_FAILED, EXIT_LEASE, EXIT_OK
 from pipelines.settings import Settings
 from pipelines.sources.kafka import broker_unreachable
@@ -51,9 +55,6 @@ from pipelines.status import (
 )
 from pipelines.stopping import requester
 from pipelines.timestamps import iso_utc
-
-#: Seconds between probes of an unreachable source: 5, 10, 20, then every 30.
-PROBE_BACKOFF = (5.0, 10.0, 20.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ class Supervisor:
             return Step(Action.RESTART, StopReason.CRASH, unrecorded_exit(attempt.code))
         first = failures[0]
         cause = f"{first.first_line or f'flow {first.flow} failed'} [{first.reason.value}]"
-        if any(r.reason.repeats_on_restart for r in failures):
+        if any(r.reason.final for r in failures):
             return Step(Action.DONE, first.reason, cause)
         if first.reason is StopReason.SOURCE_ERROR and self.policy.unavailable_for > 0:
             return Step(Action.WAIT_FOR_SOURCE, first.reason, cause)
@@ -222,7 +223,7 @@ class Supervisor:
         give_up_at = since + self.policy.unavailable_for
         error, probes = step.cause, 0
         while True:
-            pause = PROBE_BACKOFF[min(probes, len(PROBE_BACKOFF) - 1)]
+            pause = probe_pause(probes)
             next_try = max(self._clock(), min(self._clock() + pause, give_up_at))
             note = self._note_of(Supervision.WAITING_FOR_SOURCE, 0, since, next_try, error)
             self._write_note(attempt, replace(note, give_up_at=iso_utc(give_up_at)))
@@ -241,9 +242,12 @@ class Supervisor:
             error = unreachable[0]
             if self._clock() >= give_up_at:
                 minutes = self.policy.unavailable_for / 60
-                message = f"the source stayed unreachable for {minutes:.0f} min: {error}"
+                message = (
+                    f"the source stayed unreachable for {minutes:.0f} min "
+                    f"(source.unavailable_for): {error}"
+                )
                 self._say(message)
-                self._ended(attempt, StopReason.SOURCE_ERROR, message, EXIT_FAILED)
+                self._ended(attempt, StopReason.SOURCE_UNAVAILABLE, message, EXIT_FAILED)
                 return Waited.GAVE_UP
 
     def _probe_one(self, spec: FlowSpec) -> str | None:

@@ -78,9 +78,12 @@ class KafkaSource(_Model):
     )
     unavailable_for: Duration = Field(
         default="30 minutes",
-        description="How long `conflux run` of a continuous flow waits for an unreachable broker "
-        "(probing it with backoff, state `waiting for source`) before the flow fails with that "
-        "reason: long enough for a rolling restart or a maintenance window.",
+        description="How long a flow waits for an unreachable broker (its query waits inside "
+        "the running application, probing the broker with backoff, state `waiting for source`, "
+        "then starts again from its checkpoint) before it fails with reason "
+        "`source_unavailable`, which no supervisor restarts: long enough for a rolling restart "
+        "or a maintenance window. 0 fails at once with `source_error` (then restarted as a "
+        "crash).",
     )
 
     @field_validator("options")
@@ -89,6 +92,7 @@ class KafkaSource(_Model):
         bad = [k for k in options if not k.startswith("kafka.")]
         if bad:
             raise _error(f"only kafka.* client options pass through, not {bad}")
+        _check_client_timeouts(options)
         return options
 
     @model_validator(mode="after")
@@ -100,6 +104,31 @@ class KafkaSource(_Model):
                 "is required exactly when starting_offsets is timestamp", "starting_timestamp_ms"
             )
         return self
+
+
+#: The Kafka client's own default of ``request.timeout.ms`` (admin client and consumer).
+KAFKA_REQUEST_TIMEOUT_MS = 30_000
+
+
+def _check_client_timeouts(options: dict[str, str]) -> None:
+    """The Kafka client refuses ``default.api.timeout.ms`` below ``request.timeout.ms`` when
+    Spark creates it, and the query then fails at its start as a source error: refused here."""
+    api, request = (
+        options.get("kafka.default.api.timeout.ms"),
+        options.get("kafka.request.timeout.ms"),
+    )
+    try:
+        api_ms = int(api) if api is not None else None
+        request_ms = int(request) if request is not None else KAFKA_REQUEST_TIMEOUT_MS
+    except ValueError as exc:
+        raise _error(f"Kafka timeouts are whole milliseconds: {exc}") from exc
+    if api_ms is not None and api_ms < request_ms:
+        raise _error(
+            f"kafka.default.api.timeout.ms = {api_ms} is below kafka.request.timeout.ms = "
+            f"{request_ms}{'' if request is not None else ' (the Kafka default)'}, which the "
+            "Kafka client refuses: set kafka.request.timeout.ms to at most "
+            f"{api_ms} too, or raise kafka.default.api.timeout.ms"
+        )
 
 
 class FileSource(_Model):

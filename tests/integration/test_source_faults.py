@@ -408,8 +408,9 @@ class TestBrokerRestart:
         """``conflux run --continuous``, unattended, through a broker outage longer than its Kafka
         client waits (timeouts scaled down to 3 s; 5 minutes with Spark's own in ``make chaos``,
         ``BROKER_OUTAGE_SECONDS``): the query fails
-        with ``source_error``, the supervisor probes the broker and says "waiting for source",
-        then starts the flow again from its checkpoint once the broker answers."""
+        with ``source_error``, waits inside its application, probing the broker ("waiting for
+        source"), then starts again from its checkpoint once the broker answers: in the same
+        application (the lease's owner does not change), with no restart counted."""
         broker_dir = tmp_path / "dedicated-broker"
         started = broker_cli.run("start", "--timeout", "120", runtime_dir=broker_dir)
         assert started.returncode == 0, broker_cli.describe(started)
@@ -442,6 +443,7 @@ class TestBrokerRestart:
             env = {**settings_env(settings), "CONFLUX_FLOWS_DIR": str(spec_file.parent)}
             cli = CliProcess(env, tmp_path / "run.log", "run", "broker_restart", "--continuous")
             wait_until(lambda: PROGRESS_PREFIX in cli.output(), 240, "a first batch", cli)
+            owner = flow_run_state(spec, settings).owner
 
             stopped = broker_cli.run("stop", runtime_dir=broker_dir, timeout=90)
             assert stopped.returncode == 0, broker_cli.describe(stopped)
@@ -475,6 +477,8 @@ class TestBrokerRestart:
             )
             output = cli.output()
             assert "waiting for the source since" in output and "the source answers again" in output
+            assert flow_run_state(spec, settings).owner == owner  # the same application
+            assert "restart 1 of" not in output  # an outage ridden out counts no restart
             cli.interrupt()
             assert cli.wait(timeout=180) == EXIT_OK, cli.output()[-5000:]
             assert flow_run_state(spec, settings).phase is Phase.STOPPED

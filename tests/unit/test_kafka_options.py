@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from pipelines.errors import ConfigError
@@ -69,3 +71,30 @@ def test_launch_command_is_logged_without_secrets() -> None:
     assert loggable(command) == [
         "spark-submit", "--conf", "spark.hadoop.fs.s3a.secret.key=***", "--conf", "spark.master=local",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"kafka.default.api.timeout.ms": "10000"}, "below kafka.request.timeout.ms = 30000 (the"),
+        (
+            {"kafka.default.api.timeout.ms": "3000", "kafka.request.timeout.ms": "5000"},
+            "set kafka.request.timeout.ms to at most 3000 too",
+        ),
+        ({"kafka.default.api.timeout.ms": "ten"}, "whole milliseconds"),
+    ],
+)
+def test_client_timeouts_the_kafka_client_refuses_are_refused_in_the_spec(
+    options: dict[str, str], problem: str
+) -> None:
+    """Else Spark's Kafka source fails at its start with a ConfigException, which reads as a
+    source error and is restarted in vain."""
+    data = {
+        "name": "orders",
+        "source": {"kind": "kafka", "topics": ["orders"], "options": options},
+        "target": {"table": "t"},
+    }
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        parse_spec(data)
+    fine = {"kafka.default.api.timeout.ms": "3000", "kafka.request.timeout.ms": "3000"}
+    parse_spec({**data, "source": {**data["source"], "options": fine}})

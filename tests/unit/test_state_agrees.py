@@ -1,5 +1,6 @@
 """``conflux status``, the Dagster ``stream_health`` check and the ``conflux_stream_health``
-sensor say the same state, in each state a flow can be in: each state is set up in the flow's
+sensor say the same state, in each state a flow can be in (waiting for source: the application down, or one query
+waiting inside it): each state is set up in the flow's
 real files (lease, heartbeat, status file) by the classes that write them in a run, then read by
 the three (the check and the sensor invoked as Dagster would, on an ephemeral instance)."""
 
@@ -94,20 +95,41 @@ def waiting_for_source(spec: FlowSpec, settings: Settings) -> None:
     write_status(spec, settings, OWNER, lambda status: replace(status, supervision=note))
 
 
-STATES: dict[Phase, Callable[[FlowSpec, Settings], None] | None] = {
-    Phase.NEVER_RUN: None,
-    Phase.RUNNING: running,
-    Phase.STOPPING: stopping,
-    Phase.FAILED: failed_disk_full,
-    Phase.STOPPED: stopped_on_request,
-    Phase.RESTARTING: restarting,
-    Phase.WAITING_FOR_SOURCE: waiting_for_source,
-}
+def query_waiting_for_source(spec: FlowSpec, settings: Settings) -> None:
+    """A query waits for its broker inside its running application (``pipelines/outages.py``):
+    the lease is live, the heartbeat beats for the run's other queries."""
+    running(spec, settings)
+    now = time.time()
+    note = supervisor_note(
+        Supervision.WAITING_FOR_SOURCE, 0, RestartPolicy.of([spec]), now, now + 5, "down",
+        os.getpid(),
+    )  # fmt: skip
+    note = replace(note, query=f"{spec.name}.bronze")
+    write_status(spec, settings, OWNER, lambda status: replace(status, supervision=note))
 
 
-@pytest.mark.parametrize("phase", list(STATES), ids=[p.value for p in STATES])
+STATES: list[tuple[Phase, Callable[[FlowSpec, Settings], None] | None]] = [
+    (Phase.NEVER_RUN, None),
+    (Phase.RUNNING, running),
+    (Phase.STOPPING, stopping),
+    (Phase.FAILED, failed_disk_full),
+    (Phase.STOPPED, stopped_on_request),
+    (Phase.RESTARTING, restarting),
+    (Phase.WAITING_FOR_SOURCE, waiting_for_source),
+    (Phase.WAITING_FOR_SOURCE, query_waiting_for_source),
+]
+
+
+@pytest.mark.parametrize(
+    ("phase", "setup"),
+    STATES,
+    ids=[setup.__name__ if setup else "never_run" for _, setup in STATES],
+)
 def test_status_the_check_and_the_sensor_say_the_same_state(
-    phase: Phase, flows: Path, capsys: pytest.CaptureFixture[str]
+    phase: Phase,
+    setup: Callable[[FlowSpec, Settings], None] | None,
+    flows: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = flows / "orders.yaml"
     spec_data = {
@@ -118,7 +140,6 @@ def test_status_the_check_and_the_sensor_say_the_same_state(
     }
     path.write_text(yaml.safe_dump(spec_data))
     spec, settings = load_spec(path), load_settings()
-    setup = STATES[phase]
     if setup is not None:
         setup(spec, settings)
     state: RunState = flow_run_state(spec, settings)

@@ -146,8 +146,20 @@ def test_a_source_unreachable_past_unavailable_for_fails_the_flow_with_that_reas
     code, clock, _said = supervise(spec, [(EXIT_FAILED, StopReason.SOURCE_ERROR)], probes)
     assert code == EXIT_FAILED and sum(clock.waits) == 60.0  # 5 + 10 + 20 + 25: capped
     state = flow_run_state(spec, load_settings(), now=clock.now)
-    assert state.phase is Phase.FAILED and state.reason is StopReason.SOURCE_ERROR
-    assert "the source stayed unreachable for 1 min: refused" in state.summary
+    assert state.phase is Phase.FAILED and state.reason is StopReason.SOURCE_UNAVAILABLE
+    assert "the source stayed unreachable for 1 min (source.unavailable_for): refused" in (
+        state.summary
+    )
+
+
+def test_a_flow_whose_application_waited_for_the_source_in_vain_is_not_restarted(
+    spec: FlowSpec,
+) -> None:
+    """``source_unavailable``: the application already waited ``source.unavailable_for``
+    (``pipelines/outages.py``); another wait, or a restart, would double it."""
+    code, clock, _said = supervise(spec, [(EXIT_FAILED, StopReason.SOURCE_UNAVAILABLE)])
+    assert code == EXIT_FAILED and clock.waits == []
+    assert flow_run_state(spec, load_settings()).reason is StopReason.SOURCE_UNAVAILABLE
 
 
 def test_a_refusal_the_spec_asked_for_is_not_restarted(spec: FlowSpec) -> None:
