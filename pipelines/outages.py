@@ -19,8 +19,10 @@ default), and the query fails with ``source_error``. The runner then asks
   and clears the note; past ``source.unavailable_for`` since the outage began, the flow fails
   with ``source_unavailable``, which no supervisor restarts (the wait was the restart).
 
-An outage's start is kept across a restart that commits no batch before failing again, so a
-broker that flaps does not extend the wait forever. Works the same under Dagster and
+An outage's start is kept across a restart that fails again before completing one trigger (the
+source never answered the query itself), so a broker that flaps does not extend the wait
+forever. A status file that cannot be written (its disk is full) is said, not raised: the wait
+goes on, the state just does not show it. Works the same under Dagster and
 ``conflux run``: both launch this runner.
 """
 
@@ -41,13 +43,18 @@ from pipelines.settings import Settings
 from pipelines.sources.kafka import broker_unreachable
 from pipelines.spec import FlowSpec, KafkaSource, duration_seconds
 from pipelines.status import Supervision, SupervisorNote
-from pipelines.stopping import last_batch_id
 from pipelines.timestamps import iso_utc
 
 #: Seconds between probes of an unreachable source: 5, 10, 20, then every 30.
 PROBE_BACKOFF = (5.0, 10.0, 20.0, 30.0)
 
 Probe = Callable[[KafkaSource, Settings], "str | None"]
+
+
+def never_reached_source(query: StreamingQuery) -> bool:
+    """Whether ``query`` (started again after an outage) failed before completing one trigger:
+    each trigger, even one that finds no data, asks the source for its offsets first."""
+    return query.lastProgress is None and not query.recentProgress
 
 
 def probe_pause(probes: int) -> float:
@@ -106,7 +113,7 @@ class SourceOutages:
             return False  # it answers: a failure a wait does not cure
         now = self._clock()
         resumed = self._resumed.pop(query, None)
-        since = resumed if resumed is not None and last_batch_id(failed) < 0 else now
+        since = resumed if resumed is not None and never_reached_source(failed) else now
         patience = duration_seconds(source.unavailable_for)
         outage = Outage(
             query,
@@ -146,7 +153,7 @@ class SourceOutages:
         outage = replace(outage, next_probe=next_probe)
         self.waiting[outage.query] = outage
         spec = self.specs[outage.flow]
-        self.reporter.supervising(outage.flow, self._note(spec, outage))
+        self._note_state(outage.flow, self._note(spec, outage))
         self.reporter.info(
             f"{outage.query}: waiting for the source since {iso_utc(outage.since)}: "
             f"{outage.error}; next probe {iso_utc(next_probe)}, gives up at "
@@ -162,8 +169,14 @@ class SourceOutages:
         query = self._restart(outage.query)
         self._resumed[outage.query] = outage.since
         if not any(o.flow == outage.flow for o in self.waiting.values()):
-            self.reporter.supervising(outage.flow, None)
+            self._note_state(outage.flow, None)
         return query
+
+    def _note_state(self, flow: str, note: SupervisorNote | None) -> None:
+        try:
+            self.reporter.supervising(flow, note)
+        except OSError as exc:
+            self.reporter.info(f"flow {flow}: its state could not be recorded: {exc}")
 
     def _give_up(self, outage: Outage) -> FlowStopped:
         del self.waiting[outage.query]

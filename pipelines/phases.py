@@ -4,7 +4,7 @@ and each flow's stage queries start phase by phase (:meth:`FlowPipeline.phases`)
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -74,20 +74,26 @@ class Phases:
             raise
         return started
 
-    def _feeds_others(self, flow: str, queries: dict[str, StreamingQuery]) -> bool:
-        """Whether ``flow`` still has a bronze or silver query to run or running (another flow's
-        stage that reads its events waits for those)."""
+    def _feeds_others(
+        self, flow: str, queries: dict[str, StreamingQuery], waiting: Collection[str]
+    ) -> bool:
+        """Whether ``flow`` still has a bronze or silver query to run or running, or waiting for
+        its source to start again (another flow's stage that reads its events waits for those)."""
         pending = [s for phase in self.pending[flow] for s in phase]
         running = [
             s
             for s in self.pipelines[flow].stages
-            if s.query_name in self.running.get(flow, []) and queries[s.query_name].isActive
+            if s.query_name in self.running.get(flow, [])
+            and (queries[s.query_name].isActive or s.query_name in waiting)
         ]
         return any(s.kind in FEEDING_KINDS for s in (*pending, *running))
 
-    def advance(self, queries: dict[str, StreamingQuery]) -> dict[str, StreamingQuery]:
+    def advance(
+        self, queries: dict[str, StreamingQuery], waiting: Collection[str] = ()
+    ) -> dict[str, StreamingQuery]:
         """Start the next phase of every flow whose current phase ended without failing, and
-        whose stages of that phase read no flow of the application still feeding its events."""
+        whose stages of that phase read no flow of the application still feeding its events
+        (``waiting``: queries that wait for their source, :mod:`pipelines.outages`)."""
         started: dict[str, StreamingQuery] = {}
         for flow, names in list(self.running.items()):
             current = [queries[name] for name in names]
@@ -104,7 +110,7 @@ class Phases:
                 and self.trigger_modes[other] == "available_now"
             }
             if self.trigger_modes[flow] == "available_now" and any(
-                self._feeds_others(other, queries) for other in waits_for
+                self._feeds_others(other, queries, waiting) for other in waits_for
             ):
                 continue
             started.update(self.start(flow))

@@ -58,6 +58,8 @@ class Reporter:
         self._owner: str | None = None
         #: Each tracked flow's last committed batch: this run's, or (none yet) the file's.
         self._last_batches: dict[str, BatchCommitted | None] = {}
+        #: Each flow's note of a query waiting for its source (:mod:`pipelines.outages`).
+        self._notes: dict[str, SupervisorNote] = {}
 
     def track_status(self, status_files: Mapping[str, Location], owner: str) -> None:
         """Also write each flow's last batch, and its stop, to its status file, as lease owner
@@ -86,7 +88,9 @@ class Reporter:
         status_file = self._status_files.get(progress.flow)
         if status_file is not None:
             self._last_batches[progress.flow] = progress
-            write_json_atomically(status_file, FlowStatus(self._owner, progress).to_json())
+            note = self._notes.get(progress.flow)  # another query of the flow may still wait
+            status = FlowStatus(self._owner, progress, supervision=note)
+            write_json_atomically(status_file, status.to_json())
 
     def started(self, started: StageStarted) -> None:
         """A stage's query started (Pipes only: the log line says so on stderr)."""
@@ -98,6 +102,7 @@ class Reporter:
         reported as it happened)."""
         if self._pipes is not None:
             self._pipes.report_custom_message(stopped.to_json())
+        self._notes.pop(stopped.flow, None)
         status_file = self._status_files.get(stopped.flow)
         if status_file is not None and stopped.reason not in NOT_OURS:
             last = self._last_batches.get(stopped.flow)
@@ -105,7 +110,12 @@ class Reporter:
 
     def supervising(self, flow: str, note: SupervisorNote | None) -> None:
         """A query of ``flow`` waits inside this run (``note``), or no longer does (None): into
-        the flow's status file, beside its last batch (a batch committed next clears it too)."""
+        the flow's status file, beside its last batch, and kept there by the flow's next batches
+        (another of its queries may commit meanwhile) until cleared or the flow stops."""
+        if note is None:
+            self._notes.pop(flow, None)
+        else:
+            self._notes[flow] = note
         status_file = self._status_files.get(flow)
         if status_file is not None:
             last = self._last_batches.get(flow)

@@ -159,22 +159,19 @@ def supervise(
     ``failures``: what the flows' batches raised, which says why a query failed. ``outages``:
     a query whose source stopped answering waits for it and starts again (module doc there).
     """
+    waiting: Collection[str] = outages.waiting if outages is not None else ()  # kept current
     while True:
         if phases is not None and not stop.requested:
-            for name, query in phases.advance(queries).items():
-                reporter.info(f"started {name}")
-                for started in phases.started(name):
-                    reporter.started(started)
-                queries[name] = query
+            _started(phases.advance(queries, waiting), queries, phases, reporter)
         flows = {flow_of_query(name) for name in queries} | set(phases.pipelines if phases else ())
-        waiting: Collection[str] = ()
         if outages is not None and not stop.requested:
             restarted, gave_up = outages.tick()
+            if phases is not None:
+                _started(restarted, queries, phases, reporter)
             queries.update(restarted)
             if gave_up is not None:
                 stop_after_inflight_batches(q for q in queries.values() if q.isActive)
                 return Ending.failed(EXIT_FAILED, flows, gave_up)
-            waiting = outages.waiting
         all_ended = (
             all(not q.isActive for q in queries.values())
             and not waiting
@@ -186,7 +183,12 @@ def supervise(
             if lost is not None:  # e.g. a commit refused because the new owner made it first
                 return _lease_lost(queries, lost, reporter, flows, failure)
             cause = _cause(queries, failure, failures)
-            if outages is not None and outages.begins(failure[0], queries[failure[0]], cause):
+            name = failure[0]  # once a stop is requested, nothing waits: the run ends
+            if (
+                outages is not None
+                and not stop.requested
+                and outages.begins(name, queries[name], cause)
+            ):
                 continue
             return _failed(queries, cause, reporter, flows)
         if all_ended:  # a stop request may end a run before its later phases start
@@ -201,6 +203,20 @@ def supervise(
             stop_after_inflight_batches(queries.values())
             return Ending.every(EXIT_OK, flows, StopReason.STOPPED_ON_REQUEST, stop.reason)
         time.sleep(POLL_SECONDS)
+
+
+def _started(
+    started: dict[str, StreamingQuery],
+    queries: dict[str, StreamingQuery],
+    phases: Phases,
+    reporter: Reporter,
+) -> None:
+    """Queries that just started (a next phase, or again after an outage): said, and watched."""
+    for name, query in started.items():
+        reporter.info(f"started {name}")
+        for stage in phases.started(name):
+            reporter.started(stage)
+        queries[name] = query
 
 
 def _lease_lost(

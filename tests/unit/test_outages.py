@@ -19,7 +19,7 @@ import yaml
 from pipelines.catalog.state import FlowState
 from pipelines.health import HeartbeatWriter
 from pipelines.lease import FileLeaseStore, FlowLease
-from pipelines.messages import FlowStopped, StopReason
+from pipelines.messages import BatchCommitted, FlowStopped, StopReason
 from pipelines.outages import SourceOutages
 from pipelines.reporting import Reporter
 from pipelines.run_state import Phase, flow_run_state
@@ -265,3 +265,54 @@ def test_only_a_source_error_of_a_kafka_flow_that_allows_a_wait_is_waited_for(
 def _cause(query: Query) -> FlowStopped:
     assert query.error is not None
     return failure_stop("orders", query.name, None, query_exception(query), query.error)
+
+
+def test_a_stop_while_a_query_waits_stops_the_run_on_request(run: Run) -> None:
+    """Not one more probe or wait: the run's other queries stop, every flow is recorded as
+    stopped on request, and the waiting note goes with the run."""
+    bronze, silver = Query("orders.bronze"), Query("orders.silver")
+    bronze.fail()
+
+    def script() -> None:
+        if run.outages.waiting and not stop.reason:
+            stop.request("SIGTERM (a Dagster run terminated)")
+
+    stop = StopAfter(script)
+    queries = {"orders.bronze": bronze, "orders.silver": silver}
+    ending = supervise(queries, stop, run.reporter, outages=run.outages)
+    assert ending.code == EXIT_OK
+    assert [s.reason for s in ending.stops] == [StopReason.STOPPED_ON_REQUEST]
+    run.reporter.stopped(ending.stops[0])
+    assert silver.stopped and run.broker.probes == 1 and not run.restarted
+    assert read_status(run.spec, run.settings).supervision is None
+
+
+def test_a_query_that_ran_a_trigger_after_its_restart_starts_a_fresh_outage(run: Run) -> None:
+    """Hours of idle triggers (no batch, but the source answered each) after a restart: the
+    next outage has its own ``unavailable_for``."""
+    first = Query("orders.bronze")
+    first.fail()
+    assert run.outages.begins("orders.bronze", first, _cause(first))
+    run.broker.down, run.clock.now = None, run.clock.now + 60
+    again = run.outages.tick()[0]["orders.bronze"]
+    again.recentProgress = [{"batchId": 0, "durationMs": {"latestOffset": 3}}]  # no addBatch
+    run.clock.now += 6 * 3600
+    run.broker.down = "down again"
+    again.fail()
+    assert run.outages.begins("orders.bronze", again, _cause(again))
+    assert run.outages.waiting["orders.bronze"].since == run.clock.now
+
+
+def test_another_querys_batch_keeps_the_waiting_note(run: Run) -> None:
+    """Silver commits while bronze waits for the broker: the flow still reads "waiting"."""
+    bronze = Query("orders.bronze")
+    bronze.fail()
+    assert run.outages.begins("orders.bronze", bronze, _cause(bronze))
+    silver = BatchCommitted(
+        flow="orders", stage="silver", batch_id=3, input_rows=10, rows_added=10, replayed=False,
+        input_rows_per_second=5.0, processed_rows_per_second=5.0, batch_duration_ms=100,
+        end_offsets=None, latest_offsets=None, lag=None, partition_lag=None, delta_version=4,
+        timestamp="2026-11-27T12:00:00Z",
+    )  # fmt: skip
+    run.reporter.batch(silver)
+    assert flow_run_state(run.spec, run.settings).phase is Phase.WAITING_FOR_SOURCE
