@@ -52,7 +52,7 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
         table = spark.read.format("delta").load(path)
         rows = table.count()
         print(f"== silver current-state table {current.table} at {path}: {rows} rows (live keys)")
-        table.orderBy(*current.keys).show(max(rows, 1), truncate=40)
+        table.orderBy(*current.keys).show(8, truncate=28)
     if silver.history is not None:
         show_history(spark, spec, settings)
     path = _location(spec, settings, TableRole.QUARANTINE)
