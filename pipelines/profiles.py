@@ -1,6 +1,6 @@
 """Profiles: one switch (``CONFLUX_PROFILE`` or ``profile:`` in conflux.yaml) between where flows run.
 
-- ``local`` (the default): Spark embedded in the launching process (``local[*,4]``), tables and flow
+- ``local`` (the default): Spark embedded in the launching process (``local[*]``), tables and flow
   state under the runtime folder, Dagster on SQLite in ``<runtime>/dagster``.
 - ``cluster``: Spark on the project's standalone cluster (``make cluster-start``), every table,
   checkpoint, lease and status file on the local S3 store (``make s3-start``, bucket

@@ -57,9 +57,7 @@ class Settings:
     Attributes:
         runtime_dir: git-ignored folder for all local state (broker data, lake, checkpoints, logs).
         jars_dir: folder holding ``spark/`` and ``kafka/`` jar folders fetched by ``make setup``.
-        spark_master: Spark master URL; ``local[*,4]`` runs embedded, on every core, with a
-            failed task tried up to 4 times as a cluster does (plain ``local[*]`` fails the
-            query on a task's first failure, e.g. a Kafka fetch cut by a broker's restart).
+        spark_master: Spark master URL; ``local[*]`` runs embedded.
         spark_conf: extra Spark settings; they override Conflux's defaults key by key.
         kafka_bootstrap_servers: bootstrap servers; ``None`` means the local broker's address.
         flows_dir: folder of flow spec YAML files.
@@ -78,7 +76,7 @@ class Settings:
 
     runtime_dir: Path
     jars_dir: Path
-    spark_master: str = "local[*,4]"
+    spark_master: str = "local[*]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     kafka_bootstrap_servers: str | None = None
     flows_dir: Path = PROJECT_ROOT / "flows"

@@ -324,7 +324,7 @@ def check_reachable_from_executors(spec: FlowSpec, settings: Settings) -> None:
     if isinstance(spec.source, FileSource):
         raise SpecError(
             f"{spec.spec_file}: source.path: {spec.source.path} is a local landing folder, but "
-            f"{on}: file sources run on a local master only (CONFLUX_SPARK_MASTER=local[*,4])"
+            f"{on}: file sources run on a local master only (CONFLUX_SPARK_MASTER=local[*])"
         )
     for table in FlowCatalog.of(spec, settings).declared:
         if table.path.is_local:

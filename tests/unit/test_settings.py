@@ -10,7 +10,7 @@ def test_defaults_are_the_embedded_runtime() -> None:
     settings = load_settings(environ={})
     assert settings.runtime_dir == PROJECT_ROOT / ".runtime"
     assert settings.spark_jars_dir == PROJECT_ROOT / ".runtime" / "jars" / "spark"
-    assert settings.spark_master == "local[*,4]"
+    assert settings.spark_master == "local[*]"
 
 
 def test_environment_overrides_and_jars_follow_the_runtime_dir(tmp_path: Path) -> None:
