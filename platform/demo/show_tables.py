@@ -38,7 +38,7 @@ def show_silver(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None
     keys = list(silver.current.keys) if silver.current else list(silver.columns()[:1])
     print(f"\n== silver events table {silver.events.table} at {events_path}: {events.count()} rows")
     events.select(*keys, "_op", "_sequence", "_event_date").orderBy(F.desc("_sequence")).show(
-        8, truncate=False
+        5, truncate=False
     )
     evolved = evolved_columns(spark, events_path)
     if evolved:
@@ -105,7 +105,7 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
         )
         table.orderBy(*(F.desc(c) for c in newest[:1]), *newest[1:]).drop(
             "_updated_at", "_joined_at"
-        ).show(8, truncate=False)
+        ).show(5, truncate=False)
         late_path = _location(spec, settings, TableRole.LATE, gold.table)
         if DeltaTable.isDeltaTable(spark, late_path):
             late = spark.read.format("delta").load(late_path)
@@ -113,7 +113,7 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
                 f"== late-data table {gold.late.table}: {late.count()} rows that arrived behind "
                 "the watermark (kept, never dropped)"
             )
-            late.select(*late_columns, "_watermark").orderBy("_event_time").show(8, truncate=False)
+            late.select(*late_columns, "_watermark").orderBy("_event_time").show(5, truncate=False)
             backfills = _location(spec, settings, TableRole.BACKFILLS, gold.table)
             if DeltaTable.isDeltaTable(spark, str(backfills)):
                 done = spark.read.format("delta").load(str(backfills))
@@ -128,7 +128,7 @@ def show_gold(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
                 print(f"gold {gold.table} on {day[0]}, the late rows' day:")
                 table.where(F.col("_event_date") == F.lit(day[0])).orderBy(*newest).drop(
                     "_updated_at", "_joined_at"
-                ).show(8, truncate=False)
+                ).show(5, truncate=False)
 
 
 def show_history(spark: SparkSession, spec: FlowSpec, settings: Settings) -> None:
@@ -168,16 +168,13 @@ def main() -> int:
             ).orderBy(F.desc("offset"))
         else:
             sample = table.drop("source_modified_at", "ingested_at").orderBy(F.desc("source_file"))
-        sample.show(5, truncate=70)
+        sample.show(3, truncate=70)
         if "_rescued_data" in table.columns:
             rescued = table.where(F.col("_rescued_data").isNotNull())
-            print(
-                f"rows with _rescued_data (fields that did not fit the stored schema): {rescued.count()}"
-            )
-            rescued.select("order_id", "amount", "_rescued_data").show(5, truncate=70)
-        DeltaTable.forPath(spark, path).history(5).select(
-            "version", "timestamp", "operation", "operationMetrics.numOutputRows"
-        ).show(truncate=False)
+            count = rescued.count()
+            print(f"rows with _rescued_data (fields that did not fit the stored schema): {count}")
+            if count:
+                rescued.select("order_id", "amount", "_rescued_data").show(3, truncate=70)
         show_silver(spark, spec, settings)
         show_gold(spark, spec, settings)
     spark.stop()

@@ -244,7 +244,10 @@ def dagster_dev(env: Mapping[str, str], home: Path, timeout: float = 300) -> Ite
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=60)
+            # A run worker still stopping its flow can hold `dagster dev` up to a minute; at the
+            # package's end nothing needs it: a Spark application it leaves sees its launcher
+            # gone and stops within a second (pipelines/lease.py).
+            process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             with suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
