@@ -22,7 +22,7 @@ PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 
 .PHONY: help setup jars browser postgres-install dagster-home broker-start broker-stop broker-status \
 	s3-start s3-stop s3-status cluster-start cluster-stop cluster-status postgres-start postgres-stop \
-	postgres-status demo demo-s3 demo-cluster demo-steps ui test test-unit \
+	postgres-status connect-start connect-stop connect-status demo demo-cdc demo-s3 demo-cluster demo-steps ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
 
 help: ## List every target
@@ -90,7 +90,7 @@ cluster-stop: ## Stop the local Spark cluster (its executors with it)
 cluster-status: ## Show the local Spark cluster's state: master, workers, executors now running
 	$(PY) platform/spark/cluster.py status
 
-postgres-start: setup ## Start the local PostgreSQL (Dagster's storage on the cluster profile) on 127.0.0.1
+postgres-start: setup ## Start the local PostgreSQL (Dagster's storage on the cluster profile; wal_level=logical for CDC) on 127.0.0.1
 	$(PY) platform/postgres/server.py start
 
 postgres-stop: ## Stop the local PostgreSQL (its data stays under .runtime/postgres)
@@ -98,6 +98,15 @@ postgres-stop: ## Stop the local PostgreSQL (its data stays under .runtime/postg
 
 postgres-status: ## Show the local PostgreSQL's state and health
 	$(PY) platform/postgres/server.py status
+
+connect-start: broker-start postgres-start ## Start the local Kafka Connect worker with Debezium's PostgreSQL connector (REST on 127.0.0.1)
+	$(PY) platform/connect/worker.py start
+
+connect-stop: ## Stop the Connect worker; drop every connector's replication slot and publication in PostgreSQL
+	$(PY) platform/connect/worker.py stop
+
+connect-status: ## Show the Connect worker's state and its connectors' task states
+	$(PY) platform/connect/worker.py status
 
 demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster
 	@$(MAKE) --no-print-directory demo-steps
@@ -146,6 +155,9 @@ demo-steps: ## The demo's steps on the configured lake (make demo: local disk; m
 	@SPARK_LOCAL_IP=127.0.0.1 $(PY) platform/demo/outage.py
 	@echo; echo "Open the UI with: make ui   (then http://127.0.0.1:3000)"
 
+demo-cdc: connect-start ## The CDC demo: Debezium reads a real PostgreSQL table's changes, Conflux lands them in silver, the current state equals SELECT *
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) platform/demo/cdc/run.py
+
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
@@ -191,5 +203,5 @@ bench: setup ## Full benchmark run (~2 h: bronze, silver freshness, MERGE at 10M
 bench-quick: setup ## Smoke run of the benchmarks (~6 min): every runner, same rows and offsets
 	$(PY) bench/run.py --quick
 
-clean: broker-stop s3-stop cluster-stop postgres-stop ## Stop every local service, delete the runtime folder (keeps the venv)
+clean: connect-stop broker-stop s3-stop cluster-stop postgres-stop ## Stop every local service, delete the runtime folder (keeps the venv)
 	rm -rf $(RUNTIME)

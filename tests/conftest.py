@@ -51,6 +51,7 @@ MODULE_SECONDS = {
     "e2e/test_cluster.py": 480,
     "integration/test_gold.py": 280,
     "integration/test_silver.py": 230,
+    "integration/test_debezium_source.py": 60,
     "e2e/test_flow_runs.py": 220,
     "integration/test_silver_json.py": 210,
     "integration/test_gold_join.py": 210,

@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from pipelines.catalog.lifecycle import ddl_struct
+from pipelines.silver import debezium
 from pipelines.spec import QUARANTINE_TABLE_COLUMNS, SilverSpec
 
 REASONS = "_reasons"
@@ -138,6 +139,44 @@ def _parse_failure(text: Column, utf8_ok: Column, parsed: Column, mismatch: Colu
     )
 
 
+def _decoded_image(
+    row: StructType, spec: SilverSpec, present: Column, op: Column, reasons: list[Column]
+) -> tuple[dict[str, Column], list[Column]]:
+    """The Debezium row image (``_image``, read by :func:`debezium.wire_row`) decoded into the
+    declared types (:mod:`pipelines.silver.debezium`), and ``reasons`` with two more: values that
+    did not decode, and TOAST placeholders (an unchanged TOASTed value is not sent; Conflux does
+    not carry the stored one forward yet, so it never writes the placeholder: the record is
+    quarantined)."""
+    image, encodings = F.col("_image"), F.col("_encodings")
+    decoded = {
+        f.name: debezium.decode(f, image[f.name], encodings[f.name], spec.debezium)
+        for f in row.fields
+    }
+    wrapped = F.when(F.col("_env.payload").isNotNull(), F.lit("payload.")).otherwise(F.lit(""))
+    side = F.concat(wrapped, F.when(op == "d", F.lit("before")).otherwise(F.lit("after")))
+    failed = F.nullif(
+        F.concat_ws(
+            ", ",
+            *(debezium.mismatch(f, image[f.name], decoded[f.name], side) for f in row.fields),
+        ),
+        F.lit(""),
+    )
+    placeholders = debezium.unavailable_columns(row, image)
+    reasons = [
+        *reasons,
+        _reason_when(present & failed.isNotNull(), F.concat(F.lit(SCHEMA_MISMATCH), failed)),
+        _reason_when(
+            present & placeholders.isNotNull(),
+            F.concat(
+                F.lit("unchanged TOASTed value not sent by Debezium (its placeholder) in "),
+                placeholders,
+                F.lit(": Conflux does not carry the stored value forward yet"),
+            ),
+        ),
+    ]
+    return decoded, reasons
+
+
 def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     """Parse bronze rows into silver events; failed rows keep their bytes and gain reasons.
 
@@ -152,8 +191,9 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     ignored = F.lit(False)
     if spec.format == "debezium":
         ignored = is_tombstone
+        wire = debezium.wire_row(row)  # decimals, timestamps...: as text, decoded below
         envelope = F.from_json(
-            F.when(utf8_ok, value_text), _with_corrupt(envelope_schema(row)), _permissive(row)
+            F.when(utf8_ok, value_text), _with_corrupt(envelope_schema(wire)), _permissive(wire)
         )
         frame = frame.withColumn("_env", envelope)
         bare = F.struct(*(F.col(f"_env.{name}").alias(name) for name in _ENVELOPE_FIELDS))
@@ -166,7 +206,7 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
                 ", ",
                 *(
                     _mismatched_columns(
-                        value_text, row, F.col(f"_payload.{side}"), f"{prefix}{side}."
+                        value_text, wire, F.col(f"_payload.{side}"), f"{prefix}{side}."
                     )
                     for prefix in ("", "payload.")
                     for side in ("after", "before")
@@ -200,10 +240,17 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
                 ),
             ),
         ]
+        frame = frame.withColumn("_image", image).withColumn(
+            "_encodings",
+            debezium.column_encodings(value_text)
+            if debezium.needs_encodings(row)
+            else debezium.no_encodings(),
+        )
+        frame = debezium.with_exact_decimals(frame, row, spec.debezium)
+        decoded, reasons = _decoded_image(row, spec, parsed_ok & image.isNotNull(), op, reasons)
         # A tombstone is kept as an ignored row, so a batch's rows all show up in its counts.
         reasons = [F.when(~is_tombstone, reason) for reason in reasons]
-        frame = frame.withColumn("_image", image)
-        columns = [F.col("_image")[f.name].alias(f.name) for f in row.fields]
+        columns = [decoded[f.name].alias(f.name) for f in row.fields]
         op_column = op
         ts_ms = F.col("_payload.source.ts_ms")
         lsn = F.col("_payload.source.lsn")

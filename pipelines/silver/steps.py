@@ -7,7 +7,7 @@ batch, for expressions that are the same in every batch. Column expressions are 
 a DataFrame uses them, so they can be made once and applied to any number of DataFrames.
 
 :class:`FrameSteps` stands in for the DataFrame while those functions run once: it records each
-``withColumn`` / ``select`` / ``drop`` with the columns the functions built, and
+``withColumn`` / ``withColumns`` / ``select`` / ``drop`` with the columns the functions built, and
 :meth:`FrameSteps.apply` replays them on a batch, which costs one call per step. The functions
 must not read the frame (its schema, its rows): the recorder has neither, and fails loudly if
 asked (``AttributeError``).
@@ -38,6 +38,10 @@ class FrameSteps:
 
     def withColumn(self, name: str, column: Any) -> FrameSteps:  # noqa: N802 - DataFrame's
         self.steps.append(("withColumn", (name, column)))
+        return self
+
+    def withColumns(self, columns: dict[str, Any]) -> FrameSteps:  # noqa: N802 - DataFrame's
+        self.steps.append(("withColumns", (dict(columns),)))
         return self
 
     def select(self, *columns: Any) -> FrameSteps:

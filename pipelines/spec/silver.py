@@ -155,6 +155,32 @@ class HistorySpec(SilverTable):
         )
 
 
+class DebeziumEncoding(_Model):
+    """How the connector encodes values, for records without Debezium's schema beside them.
+
+    A record with its schema (``{"schema", "payload"}``, the JSON converter's
+    ``schemas.enable=true``) names each column's encoding (``org.apache.kafka.connect.data.Decimal``
+    with its scale, ``io.debezium.time.MicroTimestamp``, ...), and Conflux follows it; these
+    settings apply to records without one and must then equal the connector's own."""
+
+    decimal_handling_mode: Literal["precise", "string", "double"] = Field(
+        default="precise",
+        description="The connector's `decimal.handling.mode`: `precise` (base64 bytes of the "
+        "unscaled value; `numeric` without a scale as `{scale, value}`), `string` or `double`.",
+    )
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = Field(
+        default="adaptive",
+        description="The connector's `time.precision.mode`: with `adaptive` a `timestamp` column "
+        "arrives as epoch microseconds (PostgreSQL's default precision, 6; declare `connect` for "
+        "epoch milliseconds), a `date` as epoch days; `timestamptz` is an ISO 8601 string always.",
+    )
+    binary_handling_mode: Literal["bytes", "base64", "hex"] = Field(
+        default="bytes",
+        description="The connector's `binary.handling.mode` for BINARY columns: `bytes` and "
+        "`base64` arrive base64-encoded, `hex` as hexadecimal text.",
+    )
+
+
 class SchemaChangePolicy(_Model):
     """What the silver stage does when the records stop matching the declared schema.
 
@@ -258,6 +284,11 @@ class SilverSpec(_Model):
         "or `fail`s the flow.",
     )
 
+    debezium: DebeziumEncoding = Field(
+        default_factory=DebeziumEncoding,
+        description="`format: debezium`: the connector's value encodings, for records that do "
+        "not carry Debezium's schema (those that do are decoded by it).",
+    )
     schema_changes: SchemaChangePolicy = Field(
         default_factory=SchemaChangePolicy,
         description="What records that no longer match the schema do: new fields evolve the "

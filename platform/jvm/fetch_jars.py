@@ -10,6 +10,13 @@ Closed sets, a folder each; only ``spark`` and ``s3a`` share a classpath (Spark'
 * ``<jars>/s3proxy``: the local S3-compatible store (``platform/s3/store.py``), its own JVM.
 * ``<jars>/s3a``: Hadoop's S3A connector and the AWS SDK modules it needs (not the 640 MB SDK
   bundle), on Spark's classpath beside ``<jars>/spark``, so also minus pyspark's artifacts.
+* ``<jars>/connect``: the Kafka Connect worker (runtime, JSON converter, transforms) at the
+  broker's Kafka version and the same log4j binding, for the worker's own JVM
+  (``platform/connect/worker.py``).
+
+Connect's plugins are not a jar set: ``fetch_plugins.py`` unpacks each pinned plugin archive
+(Debezium's PostgreSQL connector, ``platform/jvm/connect-plugins/pom.xml``) into a folder of its
+own under ``<jars>/connect-plugins``, the worker's ``plugin.path``.
 
 A folder is fetched again only when its POM changed (its SHA-256 is recorded beside the jars),
 so Spark and the broker start offline and never download anything. Then
@@ -32,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # build_storage.py, beside this file
 
 from build_storage import build_storage_jar
+from fetch_plugins import fetch_plugins
 
 from pipelines.errors import ConfigError
 from pipelines.jvm import S3A_JARS, check_java
@@ -45,7 +53,10 @@ JAR_SETS = {
     "kafka": HERE / "kafka" / "pom.xml",
     "s3proxy": HERE / "s3proxy" / "pom.xml",
     S3A_JARS: HERE / "s3a" / "pom.xml",
+    "connect": HERE / "connect" / "pom.xml",
 }
+#: Connect's plugin archives, unpacked into ``<jars>/connect-plugins`` (fetch_plugins.py).
+CONNECT_PLUGINS_POM = HERE / "connect-plugins" / "pom.xml"
 #: Sets that go on Spark's classpath: the pyspark wheel's jars win there, so a copy is dropped.
 ON_SPARK_CLASSPATH = frozenset({"spark", S3A_JARS})
 _ARTIFACT_RE = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d+[\w.\-]*)\.jar$")
@@ -124,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         jars_dir.mkdir(parents=True, exist_ok=True)
         for name, pom in JAR_SETS.items():
             fetch_set(name, pom, jars_dir, args.force)
+        fetch_plugins(CONNECT_PLUGINS_POM, jars_dir, args.force, maven_copy_dependencies)
         build_storage_jar(jars_dir, args.force)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -15,6 +15,13 @@ the state of the running server. It listens on 127.0.0.1 only, with password (SC
 authentication over TCP. As root it runs as Debian's ``postgres`` user (PostgreSQL refuses to run
 as root), which then owns the data folder.
 
+It runs with ``wal_level=logical`` (and room for :data:`REPLICATION_SETTINGS`' replication slots
+and WAL senders) for change data capture: Debezium's PostgreSQL connector
+(``platform/connect/worker.py``) decodes the WAL with the built-in ``pgoutput`` plugin, nothing
+to install. The settings are given on the command line at every start, so a data folder
+initialised before they existed gets them at its next start, and a server still running without
+them is restarted by ``start`` (both say so).
+
 Each start also writes the cluster profile's Dagster instance (``<runtime>/dagster-cluster``):
 ``dagster.yaml`` = ``platform/dagster/dagster.yaml``'s policy plus ``storage: postgres`` pointing
 at the database :data:`DATABASE` without the password (Dagster's UI shows the instance's
@@ -69,6 +76,14 @@ DATABASE = "dagster"
 #: Debian's system user that owns the data folder when the manager runs as root.
 SERVICE_USER = "postgres"
 BASE_INSTANCE = PROJECT_ROOT / "platform" / "dagster" / "dagster.yaml"
+#: Server settings for logical decoding (CDC): wal_level takes effect only at a (re)start, so
+#: they go on the command line of every start rather than into a config file edited once.
+#: A replication slot and a WAL sender per connector: 20 leaves room for many beside Dagster.
+REPLICATION_SETTINGS = {
+    "wal_level": "logical",
+    "max_replication_slots": "20",
+    "max_wal_senders": "20",
+}
 
 
 class PostgresError(RuntimeError):
@@ -306,8 +321,9 @@ def write_dagster_instance(settings: Settings, paths: PostgresPaths) -> Path:
 
 
 def start_server(settings: Settings, timeout: float = 60.0) -> dict[str, Any]:
-    """Start the server (initialising it on first use), or report the healthy one running; the
-    Dagster instance and the password file are written either way."""
+    """Start the server (initialising it on first use), or report the healthy one running (a
+    running server without logical decoding is restarted with it); the Dagster instance and the
+    password file are written either way."""
     bin_dir = binaries()
     paths = PostgresPaths.of(settings)
     with locked(paths.lock):
@@ -315,21 +331,11 @@ def start_server(settings: Settings, timeout: float = 60.0) -> dict[str, Any]:
         initialised, offset = False, _log_size(paths)
         pid = server_pid(paths)
         if pid is None:
-            creds = credentials(paths)
-            ensure_port_free(creds["port"], "port", "(stop whatever listens on it)")
-            initialised = ensure_initialised(paths, bin_dir)
-            _own(paths)
-            options = (
-                f"-c listen_addresses={HOST} -p {creds['port']} -k {paths.socket} "
-                "-c unix_socket_permissions=0700"
-            )
-            _run(
-                _pg_ctl(bin_dir, paths, "-l", str(paths.log_file), "-o", options, "-w",
-                        "-t", str(int(timeout)), "start"),
-                "pg_ctl start",
-            )  # fmt: skip
+            initialised = _start_postmaster(bin_dir, paths, timeout)
         try:
             ensure_database(paths)
+            if pid is not None and _restart_for_replication(bin_dir, paths, pid, timeout):
+                pid = None  # restarted now: a new start time, ready_seconds reported
         except psycopg2.Error as exc:
             tail = log_tail(paths.log_file, offset=offset) or "(nothing new)"
             raise PostgresError(
@@ -347,6 +353,7 @@ def start_server(settings: Settings, timeout: float = 60.0) -> dict[str, Any]:
             "database": DATABASE,
             "version": bin_dir.parent.name,
             "initialised_now": initialised,
+            "replication": replication_settings(paths),
             "data_dir": str(paths.data),
             "log_file": str(paths.log_file),
             "dagster_instance": str(instance),
@@ -359,6 +366,86 @@ def start_server(settings: Settings, timeout: float = 60.0) -> dict[str, Any]:
         if pid is not None:
             return {**state, "already_running": True, "healthy": True}
         return {**state, "healthy": True, "ready_seconds": round(time.monotonic() - started, 2)}
+
+
+def _server_options(paths: PostgresPaths, port: int) -> str:
+    """The postmaster's command-line options: loopback only, the private socket folder, and
+    :data:`REPLICATION_SETTINGS`."""
+    replication = " ".join(f"-c {name}={value}" for name, value in REPLICATION_SETTINGS.items())
+    return (
+        f"-c listen_addresses={HOST} -p {port} -k {paths.socket} "
+        f"-c unix_socket_permissions=0700 {replication}"
+    )
+
+
+def _start_postmaster(bin_dir: Path, paths: PostgresPaths, timeout: float) -> bool:
+    """Start a stopped server (``initdb`` first on first use); True if it was initialised now."""
+    creds = credentials(paths)
+    ensure_port_free(creds["port"], "port", "(stop whatever listens on it)")
+    initialised = ensure_initialised(paths, bin_dir)
+    _own(paths)
+    last = None if initialised else _last_wal_level(bin_dir, paths)
+    if last is not None and last != REPLICATION_SETTINGS["wal_level"]:
+        say(
+            f"{paths.data} last ran with wal_level={last}: from this start on it runs with "
+            "wal_level=logical, for change data capture (Debezium's pgoutput decoding)"
+        )
+    _run(
+        _pg_ctl(bin_dir, paths, "-l", str(paths.log_file), "-o",
+                _server_options(paths, creds["port"]), "-w", "-t", str(int(timeout)), "start"),
+        "pg_ctl start",
+    )  # fmt: skip
+    return initialised
+
+
+def _last_wal_level(bin_dir: Path, paths: PostgresPaths) -> str | None:
+    """The ``wal_level`` the data folder last ran with (``pg_controldata``), None if unknown."""
+    try:
+        output = _run([str(bin_dir / "pg_controldata"), "-D", str(paths.data)], "pg_controldata")
+    except (PostgresError, OSError):
+        return None
+    for line in output.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "wal_level setting":
+            return value.strip()
+    return None
+
+
+def replication_settings(paths: PostgresPaths) -> dict[str, str]:
+    """The running server's values of :data:`REPLICATION_SETTINGS`."""
+    creds = credentials(paths)
+    conn = psycopg2.connect(
+        host=HOST, port=creds["port"], user=ROLE, password=creds["password"], dbname=DATABASE
+    )
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                (list(REPLICATION_SETTINGS),),
+            )
+            return dict(cursor.fetchall())
+    finally:
+        conn.close()
+
+
+def _restart_for_replication(bin_dir: Path, paths: PostgresPaths, pid: int, timeout: float) -> bool:
+    """Restart a running server that lacks logical decoding (started by an earlier version of
+    this manager, or by hand); True if it was restarted."""
+    current = replication_settings(paths)
+    if current.get("wal_level") == REPLICATION_SETTINGS["wal_level"]:
+        return False
+    say(
+        f"PostgreSQL (pid {pid}) runs with wal_level={current.get('wal_level')}: restarting it "
+        "with wal_level=logical for change data capture (open sessions, Dagster's too, are ended)"
+    )
+    creds = credentials(paths)
+    _run(
+        _pg_ctl(bin_dir, paths, "-l", str(paths.log_file), "-o",
+                _server_options(paths, creds["port"]), "-m", "fast", "-w",
+                "-t", str(int(timeout)), "restart"),
+        "pg_ctl restart",
+    )  # fmt: skip
+    return True
 
 
 def _log_size(paths: PostgresPaths) -> int:
@@ -413,6 +500,11 @@ def _cmd_start(settings: Settings, args: argparse.Namespace) -> int:
             f"PostgreSQL {state['version']} ready on {HOST}:{state['port']} (database "
             f"{DATABASE}) in {state['ready_seconds']} s; Dagster instance {state['dagster_instance']}"
         )
+    wal = state["replication"]
+    say(
+        f"wal_level={wal.get('wal_level')}, max_replication_slots={wal.get('max_replication_slots')}"
+        f", max_wal_senders={wal.get('max_wal_senders')}: ready for Debezium (pgoutput)"
+    )
     return 0
 
 
