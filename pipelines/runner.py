@@ -168,7 +168,8 @@ def supervise(
             restarted, gave_up = outages.tick()
             if phases is not None:
                 _started(restarted, queries, phases, reporter)
-            queries.update(restarted)
+            else:
+                queries.update(restarted)
             if gave_up is not None:
                 stop_after_inflight_batches(q for q in queries.values() if q.isActive)
                 return Ending.failed(EXIT_FAILED, flows, gave_up)

@@ -30,14 +30,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT), str(ROOT / "platform" / "services"), str(ROOT / "platform" / "postgres")]
+sys.path[:0] = [
+    str(ROOT),
+    *(str(ROOT / "platform" / d) for d in ("services", "postgres", "connect")),
+]
 
-import psycopg2  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from deltalake import DeltaTable, QueryBuilder  # noqa: E402
-from local_service import read_json  # noqa: E402
-from server import ROLE, PostgresPaths  # noqa: E402
+from slots import pg_access  # noqa: E402  (platform/connect/slots.py: the project's login)
 
 from pipelines.settings import Settings, load_settings  # noqa: E402
 
@@ -63,11 +64,9 @@ def say(line: str) -> None:
 
 
 def connect(settings: Settings, database: str) -> Any:
-    saved = read_json(PostgresPaths.of(settings).credentials) or {}
-    conn = psycopg2.connect(
-        host="127.0.0.1", port=saved["port"], user=ROLE, password=saved["password"],
-        dbname=database,
-    )  # fmt: skip
+    """A session on the project's PostgreSQL with transactions of its own (the workload's)."""
+    conn = pg_access(settings).connect(database)
+    conn.autocommit = False
     return conn
 
 
