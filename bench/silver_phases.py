@@ -42,6 +42,7 @@ PHASES = (
     ("write_batch", "batch"),
     ("_parse", "parse: plan"),
     ("_count", "count"),
+    ("_without_redelivered", "re-sent changes: lookup + hold"),
     ("_append", "appends"),
     ("_merge", "current: reduce + MERGEs"),
     ("_merge_history", "history: recompute + MERGE"),

@@ -20,6 +20,11 @@ arrival order, so out-of-order and duplicated events converge to the same table:
    ``_sequence`` changes nothing. :func:`merge_deleted_keys` records the batch's deletes and
    drops tombstones past their retention.
 
+A Debezium TRUNCATE (``silver.debezium.truncate: apply``) is a delete of every key older than
+it: :func:`merge_current` deletes the stored rows older than it (a not-matched-by-source clause),
+and it is remembered as the deleted-keys row with null keys, below which :func:`drop_deleted`
+drops upserts.
+
 Both MERGEs run under the batch's transaction id (:func:`pipelines.delta_writes.idempotent_session`,
 one app id per table), so a replayed batch changes neither table again.
 """
@@ -121,7 +126,7 @@ def drop_deleted(reduced: DataFrame, deleted_keys: DataFrame, spec: SilverSpec) 
     """Upserts not newer than their key's remembered delete are dropped; deletes pass."""
     keys = list(_current(spec).keys)
     tombstones = deleted_keys.select(*keys, F.col("_sequence").alias("_deleted_sequence"))
-    return (
+    kept = (
         reduced.join(tombstones, keys, "left")
         .where(
             (F.col("_op") == "d")
@@ -130,6 +135,26 @@ def drop_deleted(reduced: DataFrame, deleted_keys: DataFrame, spec: SilverSpec) 
         )
         .drop("_deleted_sequence")
     )
+    if spec.format != "debezium" or spec.debezium.truncate != "apply":
+        return kept
+    # A TRUNCATE is remembered as the tombstone with null keys: every key older than it is gone.
+    floor = deleted_keys.where(_all_null(keys)).agg(F.max("_sequence").alias("_truncated_at"))
+    return (
+        kept.crossJoin(F.broadcast(floor))
+        .where(
+            (F.col("_op") == "d")
+            | F.col("_truncated_at").isNull()
+            | (F.col("_sequence") > F.col("_truncated_at"))
+        )
+        .drop("_truncated_at")
+    )
+
+
+def _all_null(keys: Sequence[str]) -> Column:
+    condition = F.lit(True)
+    for key in keys:
+        condition = condition & F.col(key).isNull()
+    return condition
 
 
 def merge_current(
@@ -137,15 +162,23 @@ def merge_current(
     source: DataFrame,
     spec: SilverSpec,
     row_columns: Sequence[str] | None = None,
+    truncated_at: object | None = None,
 ) -> None:
-    """MERGE one reduced batch into the current-state table (run under the batch's txn id)."""
+    """MERGE one reduced batch into the current-state table (run under the batch's txn id).
+
+    ``truncated_at``: the sequence of the batch's latest TRUNCATE (the source then holds only
+    changes newer than it): every stored row older than it is deleted, and a source row replaces
+    (rather than completes) a stored row older than it."""
     current = _current(spec)
     on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in current.keys)
     newer = "s._sequence > t._sequence"
     values = value_columns(spec, row_columns)
+    replaces = "s._replaces" if truncated_at is None else "(s._replaces OR t._sequence < s._cut)"
+    if truncated_at is not None:
+        source = source.withColumn("_cut", F.lit(truncated_at))
     if current.ignore_null_updates:
         updates: dict[str, str | Column] = {
-            _quoted(c): f"CASE WHEN s._replaces THEN s.{_quoted(c)} "
+            _quoted(c): f"CASE WHEN {replaces} THEN s.{_quoted(c)} "
             f"ELSE coalesce(s.{_quoted(c)}, t.{_quoted(c)}) END"
             for c in values
         }
@@ -160,21 +193,35 @@ def merge_current(
     inserts: dict[str, str | Column] = {
         _quoted(c): f"s.{_quoted(c)}" for c in (*current.keys, *values)
     }
-    (
+    merge = (
         target.alias("t")
         .merge(source.alias("s"), on)
         .whenMatchedDelete(condition="s._sequence >= t._sequence AND s._op = 'd'")
         .whenMatchedUpdate(condition=newer, set={**updates, **metadata})
         .whenNotMatchedInsert(condition="s._op <> 'd'", values={**inserts, **metadata})
-        .execute()
     )
+    if truncated_at is not None:
+        merge = merge.whenNotMatchedBySourceDelete(
+            condition=F.col("t._sequence") < F.lit(truncated_at)
+        )
+    merge.execute()
 
 
-def merge_deleted_keys(target: DeltaTable, reduced: DataFrame, spec: SilverSpec) -> None:
-    """Remember the batch's deletes; forget tombstones older than ``deleted_key_retention``."""
+def merge_deleted_keys(
+    target: DeltaTable, reduced: DataFrame, spec: SilverSpec, truncated_at: object | None = None
+) -> None:
+    """Remember the batch's deletes, and its TRUNCATE (``truncated_at``) as the tombstone with
+    null keys; forget tombstones older than ``deleted_key_retention``."""
     current = _current(spec)
     on = " AND ".join(f"t.{_quoted(k)} <=> s.{_quoted(k)}" for k in current.keys)
     deletes = reduced.where(F.col("_op") == "d").select(*current.keys, "_sequence")
+    if truncated_at is not None:
+        types = {f.name: f.dataType for f in deletes.schema.fields}
+        truncate = deletes.sparkSession.range(1).select(
+            *(F.lit(None).cast(types[k]).alias(k) for k in current.keys),
+            F.lit(truncated_at).cast(types["_sequence"]).alias("_sequence"),
+        )
+        deletes = deletes.unionByName(truncate)
     stamp: dict[str, str | Column] = {
         "_sequence": "s._sequence",
         "_deleted_at": "current_timestamp()",

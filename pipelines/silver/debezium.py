@@ -15,6 +15,14 @@ date: it writes what the Kafka Connect type says (documented per connector, e.g.
   ``time.precision.mode``;
 - ``DATE``: epoch days (``io.debezium.time.Date``, Kafka Connect's ``Date``);
 - ``BINARY``: base64 (``binary.handling.mode`` ``bytes`` or ``base64``) or hexadecimal (``hex``);
+- ``BIGINT`` holding an ``interval``: with ``interval.handling.mode=numeric`` (the default) epoch
+  microseconds (``io.debezium.time.MicroDuration``, Debezium's own approximation: a month is
+  30.4375 days); with ``string`` an ISO 8601 duration written out in full
+  (``P1Y2M3DT4H5M6.78S``, each part signed, ``io.debezium.time.Interval``), converted here
+  exactly when it has no months or years (a day is 24 hours, as in the numeric mode);
+- ``money``: as a ``numeric`` by ``decimal.handling.mode``, the scale ``money.fraction.digits``;
+- ``MAP``: an ``hstore`` is a JSON object (``hstore.handling.mode=map``) or a string holding one
+  (``json``, the default): read as text, both are the object's JSON text;
 - a TOASTed column an UPDATE left unchanged: not its value but a placeholder
   (:data:`UNAVAILABLE`; base64 of it for bytes, a one-element array for arrays).
 
@@ -36,6 +44,7 @@ from pyspark.sql.types import (
     DataType,
     DateType,
     DecimalType,
+    LongType,
     MapType,
     StringType,
     StructField,
@@ -62,9 +71,22 @@ _SCHEMA_FIELDS = (
     "ARRAY<STRUCT<field: STRING, fields: ARRAY<STRUCT<field: STRING, type: STRING, "
     "name: STRING, parameters: MAP<STRING, STRING>>>>>"
 )
+#: Debezium's ISO 8601 duration (``interval.handling.mode=string``): years, months, days, then
+#: hours, minutes and seconds, each signed on its own (``P0Y0M-1DT2H0M0S`` is -1 day +2 hours).
+_ISO_DURATION = (
+    r"^P(?:(-?[0-9]+)Y)?(?:(-?[0-9]+)M)?(?:(-?[0-9]+)D)?"
+    r"(?:T(?:(-?[0-9]+)H)?(?:(-?[0-9]+)M)?(?:(-?[0-9]+(?:\.[0-9]{1,9})?)S)?)?$"
+)
+#: Why an ISO 8601 interval with months or years is not a BIGINT of microseconds.
+_CALENDAR_INTERVAL = (
+    "interval.handling.mode=string sent months or years, which have no fixed length in "
+    "microseconds: declare the column STRING for the ISO 8601 text"
+)
 #: Types read as text and decoded here; the others (numbers, booleans, strings) as JSON has them.
+#: BIGINT is read as text for ``interval.handling.mode=string``'s ISO 8601 durations.
 _DECODED = (
     DecimalType,
+    LongType,
     TimestampType,
     TimestampNTZType,
     DateType,
@@ -117,6 +139,9 @@ def decode(field: StructField, text: Column, encoding: Column, mode: DebeziumEnc
     if isinstance(data_type, DateType):
         days = F.when(text.rlike("^-?[0-9]+$"), F.date_add(F.lit("1970-01-01"), text.cast("int")))
         return F.coalesce(days, text.try_cast("date"))
+    if isinstance(data_type, LongType):
+        number = F.when(text.rlike("^-?[0-9]+$"), text.try_cast("long"))  # "1.5" would truncate
+        return F.coalesce(number, F.when(text.startswith("P"), _micros_of(text)))
     if isinstance(data_type, BinaryType):
         return F.try_to_binary(
             text, F.lit("hex" if mode.binary_handling_mode == "hex" else "base64")
@@ -142,6 +167,38 @@ def _timestamp(text: Column, data_type: DataType, name: Column, mode: DebeziumEn
     )
     instant = F.when(text.rlike("^-?[0-9]+$"), F.timestamp_micros(micros))
     return F.coalesce(instant.cast(data_type), text.try_cast(data_type))
+
+
+def _micros_of(duration: Column) -> Column:
+    """The microseconds of Debezium's ISO 8601 ``duration`` (``interval.handling.mode=string``);
+    null when it is not one, does not fit a BIGINT, or has months or years: those have no fixed
+    length, and guessing one (Debezium's numeric mode takes 30.4375 days) would write a number
+    the database never held. A day is 24 hours, as the numeric mode counts it. Every step is
+    exact: the seconds as a decimal (at most 9 fraction digits, Debezium's), the rest in BIGINT
+    arithmetic whose overflow is null, not an ANSI error that would fail the batch."""
+
+    def part(group: int) -> Column:
+        text = F.regexp_extract(duration, _ISO_DURATION, group)
+        return F.when(text == "", F.lit(0).cast("long")).otherwise(text.try_cast("long"))
+
+    months = F.try_add(F.try_multiply(part(1), F.lit(12)), part(2))
+    hours = F.try_add(F.try_multiply(part(3), F.lit(24)), part(4))
+    minutes = F.try_add(F.try_multiply(hours, F.lit(60)), part(5))
+    whole = F.try_multiply(F.try_multiply(minutes, F.lit(60)), F.lit(1_000_000))
+    seconds = F.regexp_extract(duration, _ISO_DURATION, 6)
+    exact = F.when(seconds == "", F.lit("0")).otherwise(seconds).try_cast("decimal(29,9)")
+    fraction = exact * F.lit(1_000_000).cast("decimal(7,0)")  # decimal(37,9): never overflows
+    micros = F.when(fraction == F.floor(fraction), fraction.try_cast("long"))
+    return F.when(
+        duration.rlike(_ISO_DURATION) & (months == 0) & duration.rlike("[0-9]"),
+        F.try_add(whole, micros),
+    )
+
+
+def _calendar_interval(text: Column) -> Column:
+    """Whether ``text`` is an ISO 8601 duration with months or years (:func:`_micros_of`)."""
+    months = [F.regexp_extract(text, _ISO_DURATION, g) for g in (1, 2)]
+    return text.rlike(_ISO_DURATION) & (months[0].rlike("[1-9]") | months[1].rlike("[1-9]"))
 
 
 def exact_column(name: str) -> str:
@@ -261,14 +318,18 @@ def mismatch(field: StructField, text: Column, decoded: Column, image: Column) -
     setting = next((s for kind, s in _SETTINGS if isinstance(field.dataType, kind)), None)
     if setting is not None:
         described += f"; is silver.debezium.{setting.replace('.', '_')} the connector's {setting}?"
+    why = F.lit(f".{field.name} ({described})")
+    if isinstance(field.dataType, LongType):
+        calendar = F.lit(f".{field.name} ({described}; {_CALENDAR_INTERVAL})")
+        why = F.when(_calendar_interval(text), calendar).otherwise(why)
     return F.when(
         text.isNotNull() & decoded.isNull() & ~unavailable(text),
-        F.concat(image, F.lit(f".{field.name} ({described})")),
+        F.concat(image, why),
     )
 
 
 def unavailable_columns(row: StructType, image: Column) -> Column:
-    """The columns of ``image`` (read by :func:`wire_row`) holding the TOAST placeholder, as
-    ``a, b``; null when none."""
+    """The columns of ``image`` (read by :func:`wire_row`) holding the TOAST placeholder, in
+    ``row``'s order: an array, empty when none (or without an image)."""
     named = [F.when(unavailable(image[f.name].cast("string")), F.lit(f.name)) for f in row.fields]
-    return F.nullif(F.concat_ws(", ", *named), F.lit(""))
+    return F.filter(F.array(*named), lambda name: name.isNotNull())

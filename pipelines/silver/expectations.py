@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from pipelines.messages import QUALITY_COUNTS, BatchQuality, ExpectationCount
-from pipelines.silver.parse import IGNORED, REASONS, parsed_event
+from pipelines.silver.parse import IGNORED, REASONS, TRUNCATE, UNAVAILABLE, parsed_event
 from pipelines.spec import Expectation
 from quality.rules import rule_column
 
@@ -106,6 +106,8 @@ def batch_aggregates(
         F.count_if(F.size(F.col(REASONS)) > 0).alias("quarantined"),
         F.count_if(F.col(IGNORED)).alias("ignored"),
         F.count_if(event & (F.col("_op") == "d")).alias("deletes"),
+        F.count_if(event & (F.col("_op") == TRUNCATE)).alias("truncates"),
+        F.count_if(event & (F.size(F.col(UNAVAILABLE)) > 0)).alias("unavailable"),
         F.count_if(event & ~flagged).alias("passed"),
         F.count_if(event & flagged).alias("warned"),
         F.count_if(~event & flagged).alias("dropped"),

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipelines.silver.parse import TRUNCATE
 from pipelines.spec import SilverSpec
 
 #: Columns of a history table after its key and value columns.
@@ -44,6 +46,15 @@ HISTORY_METADATA = (
     "_updated_at",
 )
 _ACTION = "_action"
+
+
+class Truncates(Enum):
+    """Whether a batch's history must see TRUNCATEs: none in the flow (``NONE``), some in the
+    events table (``STORED``: the flow applies them), or one in this batch (``IN_BATCH``)."""
+
+    NONE = "none"
+    STORED = "stored"
+    IN_BATCH = "in_batch"
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,7 @@ def versions_of(events: DataFrame, plan: HistoryPlan) -> DataFrame:
         *plan.values,
         "_sequence",
         "_event_time",
-        (F.col("_op") == "d").alias("_is_delete"),
+        F.col("_op").isin("d", TRUNCATE).alias("_is_delete"),
         "_source_partition",
         "_source_offset",
     )
@@ -165,17 +176,31 @@ def versions_of(events: DataFrame, plan: HistoryPlan) -> DataFrame:
 
 
 def history_changes(
-    batch_events: DataFrame, all_events: DataFrame, stored: DataFrame, plan: HistoryPlan
+    batch_events: DataFrame,
+    all_events: DataFrame,
+    stored: DataFrame,
+    plan: HistoryPlan,
+    truncates: Truncates = Truncates.NONE,
 ) -> DataFrame:
     """The rows to upsert into and delete from the history table for the batch's keys.
 
     ``all_events`` is the events table (including this batch's events), ``stored`` the history
     table. Each row carries ``_action``: ``upsert`` (a version that is new or changed) or
     ``delete`` (a stored version the recomputation no longer has, e.g. one a late change split).
+
+    A TRUNCATE (an event with null keys) is a delete of every key: with ``truncates`` not
+    ``NONE``, each key's events include every truncate of the events table, and a batch that
+    truncates (``IN_BATCH``) touches every key with an open version too.
     """
     keys = list(plan.keys)
-    touched = batch_events.select(*keys).distinct()
+    touched = batch_events.where(F.col("_op") != TRUNCATE).select(*keys).distinct()
+    if truncates is Truncates.IN_BATCH:
+        opened = stored.where(F.col("_is_current")).select(*keys)
+        touched = touched.unionByName(opened).distinct()
     events = all_events.join(F.broadcast(touched), keys, "left_semi")
+    if truncates is not Truncates.NONE:
+        cuts = all_events.where(F.col("_op") == TRUNCATE).drop(*keys)
+        events = events.unionByName(cuts.crossJoin(F.broadcast(touched)))
     recomputed = versions_of(events, plan)
     held = stored.join(F.broadcast(touched), keys, "left_semi")
     compared = [*plan.values, "_valid_to", "_valid_from_time", "_valid_to_time", "_is_current"]

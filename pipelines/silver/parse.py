@@ -33,6 +33,8 @@ Formats:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -50,6 +52,11 @@ SCHEMA_MISMATCH = "value does not match the declared schema: "
 IGNORED = "_ignored"
 CORRUPT = "_corrupt_record"
 DEBEZIUM_OPS = ("c", "u", "d", "r")
+#: Debezium's op of a TRUNCATE: no key, no row image; applied per ``silver.debezium.truncate``.
+TRUNCATE = "t"
+#: The columns of a parsed row whose value Debezium did not send (an unchanged TOASTed value:
+#: its placeholder), null until :mod:`pipelines.silver.changes` carries the stored value forward.
+UNAVAILABLE = "_unavailable"
 #: Columns every silver event carries after the schema's own, in order (see docs/silver.md).
 EVENT_METADATA = (
     "_op",
@@ -66,7 +73,7 @@ EVENT_METADATA = (
     "_batch_id",
 )
 #: Columns the parser keeps beside the row's (a record field of these names cannot evolve).
-PARSER_COLUMNS = ("raw_key", "raw_value", REASONS, IGNORED)
+PARSER_COLUMNS = ("raw_key", "raw_value", REASONS, IGNORED, UNAVAILABLE)
 #: The quarantine table's columns, in order.
 QUARANTINE_COLUMNS = QUARANTINE_TABLE_COLUMNS
 _ENVELOPE_FIELDS = ("before", "after", "op", "ts_ms", "source")
@@ -143,13 +150,15 @@ def _decoded_image(
     row: StructType, spec: SilverSpec, present: Column, op: Column, reasons: list[Column]
 ) -> tuple[dict[str, Column], list[Column]]:
     """The Debezium row image (``_image``, read by :func:`debezium.wire_row`) decoded into the
-    declared types (:mod:`pipelines.silver.debezium`), and ``reasons`` with two more: values that
-    did not decode, and TOAST placeholders (an unchanged TOASTed value is not sent; Conflux does
-    not carry the stored one forward yet, so it never writes the placeholder: the record is
-    quarantined)."""
+    declared types (:mod:`pipelines.silver.debezium`), and ``reasons`` with one more: values that
+    did not decode. A TOAST placeholder decodes to null; :data:`UNAVAILABLE` names its column,
+    and :mod:`pipelines.silver.changes` carries the key's stored value forward into it."""
     image, encodings = F.col("_image"), F.col("_encodings")
     decoded = {
-        f.name: debezium.decode(f, image[f.name], encodings[f.name], spec.debezium)
+        f.name: F.when(
+            ~debezium.unavailable(image[f.name].cast("string")),
+            debezium.decode(f, image[f.name], encodings[f.name], spec.debezium),
+        )
         for f in row.fields
     }
     wrapped = F.when(F.col("_env.payload").isNotNull(), F.lit("payload.")).otherwise(F.lit(""))
@@ -161,143 +170,191 @@ def _decoded_image(
         ),
         F.lit(""),
     )
-    placeholders = debezium.unavailable_columns(row, image)
     reasons = [
         *reasons,
         _reason_when(present & failed.isNotNull(), F.concat(F.lit(SCHEMA_MISMATCH), failed)),
+    ]
+    return decoded, reasons
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """What one format's parse makes of a bronze row, before the common metadata."""
+
+    values: list[Column]
+    op: Column
+    ts_ms: Column
+    lsn: Column
+    default_event_time: Column
+    reasons: list[Column]
+    ignored: Column
+    unavailable: Column
+
+
+def _envelope(frame: DataFrame, wire: StructType, value_text: Column, utf8_ok: Column) -> DataFrame:
+    """``frame`` with the Debezium envelope parsed (``_env``) and its payload, bare or wrapped
+    (``_payload``), and ``_parse_failure``: why the value is not an envelope of ``wire``."""
+    envelope = F.from_json(
+        F.when(utf8_ok, value_text), _with_corrupt(envelope_schema(wire)), _permissive(wire)
+    )
+    frame = frame.withColumn("_env", envelope)
+    bare = F.struct(*(F.col(f"_env.{name}").alias(name) for name in _ENVELOPE_FIELDS))
+    env = F.when(F.col("_env.payload").isNotNull(), F.col("_env.payload")).otherwise(bare)
+    frame = frame.withColumn("_payload", env)
+    mismatch_names = F.nullif(
+        F.concat_ws(
+            ", ",
+            *(
+                _mismatched_columns(value_text, wire, F.col(f"_payload.{side}"), f"{prefix}{side}.")
+                for prefix in ("", "payload.")
+                for side in ("after", "before")
+            ),
+        ),
+        F.lit(""),
+    )
+    return frame.withColumn(
+        "_parse_failure", _parse_failure(value_text, utf8_ok, F.col("_env"), mismatch_names)
+    )
+
+
+def _op_reasons(op: Column, image: Column, parsed_ok: Column, spec: SilverSpec) -> list[Column]:
+    """Why a parsed envelope's op cannot be applied: none, unknown, a missing row image, or a
+    TRUNCATE (``op = t``) the spec does not apply (``silver.debezium.truncate``)."""
+    known = (*DEBEZIUM_OPS, TRUNCATE)
+    reasons = [
+        _reason_when(parsed_ok & op.isNull(), "Debezium envelope has no op"),
         _reason_when(
-            present & placeholders.isNotNull(),
+            parsed_ok & op.isNotNull() & ~op.isin(*known),
+            F.concat(F.lit("unknown Debezium op '"), op, F.lit("' (known: c, u, d, r, t)")),
+        ),
+        _reason_when(
+            parsed_ok & op.isin(*DEBEZIUM_OPS) & image.isNull(),
             F.concat(
-                F.lit("unchanged TOASTed value not sent by Debezium (its placeholder) in "),
-                placeholders,
-                F.lit(": Conflux does not carry the stored value forward yet"),
+                F.lit("Debezium op '"),
+                op,
+                F.lit("' has no "),
+                F.when(op == "d", F.lit("before")).otherwise(F.lit("after")),
+                F.lit(" image"),
             ),
         ),
     ]
-    return decoded, reasons
+    if spec.debezium.truncate != "apply":
+        reasons.append(
+            _reason_when(
+                parsed_ok & (op == TRUNCATE),
+                "a TRUNCATE of the table (Debezium op 't'), and silver.debezium.truncate is "
+                "quarantine: set it to apply to delete the current rows and close the history "
+                "at it, or leave t in the connector's skipped.operations",
+            )
+        )
+    return reasons
+
+
+def _value() -> tuple[Column, Column, Column]:
+    """The record's value as text, whether its bytes are valid UTF-8 (checked on the bytes: a
+    cast replaces invalid ones), and whether it is a tombstone (no value)."""
+    text = F.col("value").cast("string")
+    return text, F.is_valid_utf8(text), F.col("value").isNull()
+
+
+def _debezium_columns(
+    frame: DataFrame, spec: SilverSpec, row: StructType
+) -> tuple[DataFrame, _Columns]:
+    """The ``debezium`` format's parse (module doc): envelope, op, decoded row image."""
+    value_text, utf8_ok, is_tombstone = _value()
+    wire = debezium.wire_row(row)  # decimals, timestamps...: as text, decoded below
+    frame = _envelope(frame, wire, value_text, utf8_ok)
+    op = F.col("_payload.op")
+    image = F.when(op == "d", F.col("_payload.before")).otherwise(F.col("_payload.after"))
+    parsed_ok = F.col("_parse_failure").isNull()
+    reasons: list[Column] = [F.col("_parse_failure"), *_op_reasons(op, image, parsed_ok, spec)]
+    encodings = (
+        debezium.column_encodings(value_text)
+        if debezium.needs_encodings(row)
+        else debezium.no_encodings()
+    )
+    frame = frame.withColumn("_image", image).withColumn("_encodings", encodings)
+    frame = debezium.with_exact_decimals(frame, row, spec.debezium)
+    decoded, reasons = _decoded_image(row, spec, parsed_ok & image.isNotNull(), op, reasons)
+    ts_ms = F.col("_payload.source.ts_ms")
+    return frame, _Columns(
+        values=[decoded[f.name].alias(f.name) for f in row.fields],
+        op=op,
+        ts_ms=ts_ms,
+        lsn=F.col("_payload.source.lsn"),
+        default_event_time=F.coalesce(
+            _timestamp_millis(ts_ms), _timestamp_millis(F.col("_payload.ts_ms"))
+        ),
+        # A tombstone is kept as an ignored row, so a batch's rows all show up in its counts.
+        reasons=[F.when(~is_tombstone, reason) for reason in reasons],
+        ignored=is_tombstone,
+        unavailable=debezium.unavailable_columns(row, F.col("_image")),
+    )
+
+
+def _json_columns(
+    frame: DataFrame, spec: SilverSpec, row: StructType
+) -> tuple[DataFrame, _Columns]:
+    """The ``json`` format's parse (module doc): the value's columns; a tombstone's key."""
+    value_text, utf8_ok, is_tombstone = _value()
+    parsed = F.from_json(F.when(utf8_ok, value_text), _with_corrupt(row), _permissive(row))
+    frame = frame.withColumn("_parsed", parsed)
+    mismatch_names = _mismatched_columns(value_text, row, F.col("_parsed"), "")
+    failure = _parse_failure(value_text, utf8_ok, F.col("_parsed"), mismatch_names)
+    keys = spec.current.keys if spec.current else ()
+    key_fields = [row[name] for name in keys]
+    key_text = F.col("key").cast("string")
+    key_struct = F.from_json(key_text, StructType(key_fields)) if key_fields else None
+    values = []
+    for field in row.fields:
+        value = F.col("_parsed")[field.name]
+        if key_struct is not None and field.name in keys:
+            from_key = key_struct[field.name]
+            if len(key_fields) == 1:  # the key is the bare value: 7, "abc" or abc
+                scalar = F.try_variant_get(
+                    F.try_parse_json(key_text), "$", field.dataType.simpleString()
+                )
+                from_key = F.coalesce(from_key, scalar, key_text.try_cast(field.dataType))
+            value = F.when(is_tombstone, from_key).otherwise(value)
+        values.append(value.alias(field.name))
+    return frame, _Columns(
+        values=values,
+        op=F.when(is_tombstone, F.lit("d")).otherwise(F.lit("u")),
+        ts_ms=F.lit(None).cast("long"),
+        lsn=F.lit(None).cast("long"),
+        default_event_time=F.col("kafka_timestamp"),
+        reasons=[F.when(~is_tombstone, failure)],
+        ignored=F.lit(False),
+        unavailable=F.array().cast("array<string>"),
+    )
 
 
 def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
     """Parse bronze rows into silver events; failed rows keep their bytes and gain reasons.
 
     The result has the schema's columns, :data:`EVENT_METADATA`, ``raw_key`` / ``raw_value``,
-    :data:`REASONS` and :data:`IGNORED` (Debezium tombstones: no reasons, and no event).
+    :data:`REASONS`, :data:`IGNORED` (Debezium tombstones: no reasons, and no event) and
+    :data:`UNAVAILABLE` (the columns a TOAST placeholder left null).
     """
     row = ddl_struct(spec.schema_ddl)
-    value_text = F.col("value").cast("string")
-    utf8_ok = F.is_valid_utf8(value_text)
-    is_tombstone = F.col("value").isNull()
-    frame = batch
-    ignored = F.lit(False)
-    if spec.format == "debezium":
-        ignored = is_tombstone
-        wire = debezium.wire_row(row)  # decimals, timestamps...: as text, decoded below
-        envelope = F.from_json(
-            F.when(utf8_ok, value_text), _with_corrupt(envelope_schema(wire)), _permissive(wire)
-        )
-        frame = frame.withColumn("_env", envelope)
-        bare = F.struct(*(F.col(f"_env.{name}").alias(name) for name in _ENVELOPE_FIELDS))
-        env = F.when(F.col("_env.payload").isNotNull(), F.col("_env.payload")).otherwise(bare)
-        frame = frame.withColumn("_payload", env)
-        op = F.col("_payload.op")
-        image = F.when(op == "d", F.col("_payload.before")).otherwise(F.col("_payload.after"))
-        mismatch_names = F.nullif(
-            F.concat_ws(
-                ", ",
-                *(
-                    _mismatched_columns(
-                        value_text, wire, F.col(f"_payload.{side}"), f"{prefix}{side}."
-                    )
-                    for prefix in ("", "payload.")
-                    for side in ("after", "before")
-                ),
-            ),
-            F.lit(""),
-        )
-        frame = frame.withColumn(
-            "_parse_failure",
-            _parse_failure(value_text, utf8_ok, F.col("_env"), mismatch_names),
-        )
-        parsed_ok = F.col("_parse_failure").isNull()
-        reasons: list[Column] = [F.col("_parse_failure")]
-        reasons += [
-            _reason_when(
-                parsed_ok & op.isNull(),
-                "Debezium envelope has no op",
-            ),
-            _reason_when(
-                parsed_ok & op.isNotNull() & ~op.isin(*DEBEZIUM_OPS),
-                F.concat(F.lit("unknown Debezium op '"), op, F.lit("' (known: c, u, d, r)")),
-            ),
-            _reason_when(
-                parsed_ok & op.isin(*DEBEZIUM_OPS) & image.isNull(),
-                F.concat(
-                    F.lit("Debezium op '"),
-                    op,
-                    F.lit("' has no "),
-                    F.when(op == "d", F.lit("before")).otherwise(F.lit("after")),
-                    F.lit(" image"),
-                ),
-            ),
-        ]
-        frame = frame.withColumn("_image", image).withColumn(
-            "_encodings",
-            debezium.column_encodings(value_text)
-            if debezium.needs_encodings(row)
-            else debezium.no_encodings(),
-        )
-        frame = debezium.with_exact_decimals(frame, row, spec.debezium)
-        decoded, reasons = _decoded_image(row, spec, parsed_ok & image.isNotNull(), op, reasons)
-        # A tombstone is kept as an ignored row, so a batch's rows all show up in its counts.
-        reasons = [F.when(~is_tombstone, reason) for reason in reasons]
-        columns = [decoded[f.name].alias(f.name) for f in row.fields]
-        op_column = op
-        ts_ms = F.col("_payload.source.ts_ms")
-        lsn = F.col("_payload.source.lsn")
-        default_event_time = F.coalesce(
-            _timestamp_millis(ts_ms), _timestamp_millis(F.col("_payload.ts_ms"))
-        )
-    else:
-        parsed = F.from_json(F.when(utf8_ok, value_text), _with_corrupt(row), _permissive(row))
-        frame = frame.withColumn("_parsed", parsed)
-        mismatch_names = _mismatched_columns(value_text, row, F.col("_parsed"), "")
-        failure = _parse_failure(value_text, utf8_ok, F.col("_parsed"), mismatch_names)
-        reasons = [F.when(~is_tombstone, failure)]
-        key_fields = [row[name] for name in (spec.current.keys if spec.current else ())]
-        key_text = F.col("key").cast("string")
-        key_struct = F.from_json(key_text, StructType(key_fields)) if key_fields else None
-        columns = []
-        for field in row.fields:
-            value = F.col("_parsed")[field.name]
-            if key_struct is not None and field.name in (spec.current.keys if spec.current else ()):
-                from_key = key_struct[field.name]
-                if len(key_fields) == 1:  # the key is the bare value: 7, "abc" or abc
-                    scalar = F.try_variant_get(
-                        F.try_parse_json(key_text), "$", field.dataType.simpleString()
-                    )
-                    from_key = F.coalesce(from_key, scalar, key_text.try_cast(field.dataType))
-                value = F.when(is_tombstone, from_key).otherwise(value)
-            columns.append(value.alias(field.name))
-        op_column = F.when(is_tombstone, F.lit("d")).otherwise(F.lit("u"))
-        ts_ms = F.lit(None).cast("long")
-        lsn = F.lit(None).cast("long")
-        default_event_time = F.col("kafka_timestamp")
-
+    parse = _debezium_columns if spec.format == "debezium" else _json_columns
+    frame, parsed_columns = parse(batch, spec, row)
     frame = frame.select(
-        *columns,
-        op_column.alias("_op"),
-        ts_ms.alias("_source_ts_ms"),
-        lsn.alias("_source_lsn"),
+        *parsed_columns.values,
+        parsed_columns.op.alias("_op"),
+        parsed_columns.ts_ms.alias("_source_ts_ms"),
+        parsed_columns.lsn.alias("_source_lsn"),
         F.col("topic").alias("_source_topic"),
         F.col("partition").alias("_source_partition"),
         F.col("offset").alias("_source_offset"),
         F.col("kafka_timestamp").alias("_source_timestamp"),
         F.col("ingested_at").alias("_ingested_at"),
-        default_event_time.alias("_default_event_time"),
+        parsed_columns.default_event_time.alias("_default_event_time"),
         F.col("key").alias("raw_key"),
         F.col("value").alias("raw_value"),
-        F.filter(F.array(*reasons), lambda r: r.isNotNull()).alias(REASONS),
-        ignored.alias(IGNORED),
+        F.filter(F.array(*parsed_columns.reasons), lambda r: r.isNotNull()).alias(REASONS),
+        parsed_columns.ignored.alias(IGNORED),
+        parsed_columns.unavailable.alias(UNAVAILABLE),
     )
     # The spec's own expressions see parsed rows only: on a record that did not parse they could
     # fail (ANSI casts) and stop the stream instead of quarantining it.
@@ -360,7 +417,8 @@ def _row_reasons(spec: SilverSpec) -> Column:
     ]
     if keys:
         for key in dict.fromkeys(keys):
-            checks.append(_reason_when(parsed & F.col(key).isNull(), f"missing key column {key}"))
+            keyed = parsed & (F.col("_op") != TRUNCATE)  # a TRUNCATE has no key: all rows
+            checks.append(_reason_when(keyed & F.col(key).isNull(), f"missing key column {key}"))
         checks.append(
             _reason_when(
                 parsed & F.col("_sequence").isNull(),

@@ -180,6 +180,14 @@ class DebeziumEncoding(_Model):
         "`base64` arrive base64-encoded, `hex` as hexadecimal text.",
     )
 
+    truncate: Literal["quarantine", "apply"] = Field(
+        default="quarantine",
+        description="A TRUNCATE of the table (op `t`; the connector sends them only with "
+        "`skipped.operations` not listing `t`): `apply` deletes every current row older than it "
+        "and closes every open history version at it; `quarantine` keeps the record in the "
+        "quarantine with the reason.",
+    )
+
 
 class SchemaChangePolicy(_Model):
     """What the silver stage does when the records stop matching the declared schema.

@@ -34,6 +34,7 @@ from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from pipelines.catalog.lifecycle import TableDesign, ensure_table
@@ -57,8 +58,10 @@ from pipelines.lease import LeaseGuard
 from pipelines.location import Location
 from pipelines.progress import BatchCommit, delta_version
 from pipelines.settings import Settings
+from pipelines.silver import changes
 from pipelines.silver import current as current_state
 from pipelines.silver import history as history_state
+from pipelines.silver.changes import truncated_before
 from pipelines.silver.expectations import (
     ExpectationFailedError,
     batch_aggregates,
@@ -70,6 +73,7 @@ from pipelines.silver.expectations import (
 from pipelines.silver.parse import (
     EVENT_METADATA,
     PARSER_COLUMNS,
+    TRUNCATE,
     bronze_rows_of,
     events_of,
     parse_batch,
@@ -342,6 +346,7 @@ class SilverStage(SilverDesign, QueryStage):
             self.guard.check()  # LeaseLostError fails the query before anything is written
         parsed = hold(self._parse(bronze_rows, batch_id))
         transformed: DataFrame | None = None
+        deduplicated: DataFrame | None = None
         columns_added: list[str] = []
         try:
             counts = self._count(parsed)
@@ -354,10 +359,19 @@ class SilverStage(SilverDesign, QueryStage):
                     release(parsed)
                     parsed = reparsed  # released in the finally below, whatever happens next
                     counts = self._count(parsed)
+            if counts.get("unavailable"):
+                carried = hold(self._carry_unavailable(parsed, batch_id))
+                release(parsed)
+                parsed = carried
+                counts = self._count(parsed)
             silver = self.silver
             expectations = silver.expectations
             events, event_count = events_of(parsed, silver), int(counts["events"])
-            has_deletes = counts["deletes"] > 0
+            if silver.format == "debezium" and event_count:
+                deduplicated, event_count = self._without_redelivered(events, event_count, batch_id)
+                events = deduplicated
+            has_deletes = counts["deletes"] > 0 or counts["truncates"] > 0
+            truncated_at = truncated_before(events) if counts["truncates"] else None
             if self.transform is not None and silver.transform is not None and event_count:
                 transformed, event_count = materialize(
                     apply_transform(
@@ -379,7 +393,7 @@ class SilverStage(SilverDesign, QueryStage):
             # only this batch's events; history recomputes from the events table, so it comes
             # after the events append.
             if silver.current is not None and event_count:
-                writes += self._merge(events, batch_id, has_deletes)
+                writes += self._merge(events, batch_id, has_deletes, truncated_at)
             if event_count:
                 writes.append(self._append(events, TableRole.EVENTS, batch_id))
             if counts["quarantined"]:
@@ -389,11 +403,12 @@ class SilverStage(SilverDesign, QueryStage):
                     )
                 )
             if silver.history is not None and event_count:
-                writes += self._merge_history(events, batch_id)
+                writes += self._merge_history(events, batch_id, truncated_at is not None)
             quality = batch_quality(counts, expectations, event_count, columns_added)
         finally:
             release(parsed)
             release(transformed)
+            release(deduplicated)
         roles = {table.id: role for role, (table, _) in self.written.items()}
         commit = BatchCommit(
             flow=self.spec.name,
@@ -411,13 +426,70 @@ class SilverStage(SilverDesign, QueryStage):
         self.on_commit(commit)
         return commit
 
+    def _keys(self) -> tuple[str, ...]:
+        """The columns identifying a row: the current table's keys, else the history's."""
+        if self.silver.current is not None:
+            return self.silver.current.keys
+        return self.silver.history_keys if self.silver.history is not None else ()
+
+    def _carry_unavailable(self, parsed: DataFrame, batch_id: int) -> DataFrame:
+        """``parsed`` with Debezium's unsent TOAST values carried forward (see
+        :func:`pipelines.silver.changes.carry_unavailable`)."""
+        stored = parsed.sparkSession.read.format("delta").load(self.events_path)
+        columns = changes.unavailable_columns(parsed)
+        return changes.carry_unavailable(parsed, stored, self._keys(), columns, batch_id)
+
+    def _without_redelivered(
+        self, events: DataFrame, total: int, batch_id: int
+    ) -> tuple[DataFrame, int]:
+        """The batch's events without the changes Debezium delivered again, held, and their
+        number (see :func:`pipelines.silver.changes.without_redelivered`)."""
+        spark = events.sparkSession
+        keys = self._keys()
+        stored_sequences = None
+        if self.current_path is not None and self.deleted_path is not None:
+            stored_sequences = (
+                spark.read.format("delta").load(self.current_path).select(*keys, "_sequence")
+            ).unionByName(
+                spark.read.format("delta").load(self.deleted_path).select(*keys, "_sequence")
+            )
+        values = [c for c in self.row_columns if c not in keys]
+        kept = hold(
+            changes.without_redelivered(
+                events,
+                spark.read.format("delta").load(self.events_path),
+                stored_sequences,
+                keys,
+                values,
+                batch_id,
+            )
+        )
+        count = kept.count()
+        if count < total:
+            log.warning(
+                "flow %s: silver batch %d: %d of its %d changes were delivered again by the "
+                "connector (same key, LSN and op, or the same snapshot read): stored once",
+                self.spec.name,
+                batch_id,
+                total - count,
+                total,
+            )
+        return kept, count
+
     def _merge(
-        self, events: DataFrame, batch_id: int, has_deletes: bool = True
+        self,
+        events: DataFrame,
+        batch_id: int,
+        has_deletes: bool = True,
+        truncated_at: object | None = None,
     ) -> list[TableWrite]:
         silver = self.silver
         assert silver.current is not None
         assert self.current_path is not None and self.deleted_path is not None
         spark = events.sparkSession
+        events = events.where(F.col("_op") != TRUNCATE)
+        if truncated_at is not None:  # what the batch's last TRUNCATE left
+            events = events.where(F.col("_sequence") > F.lit(truncated_at))
         deleted_keys = spark.read.format("delta").load(self.deleted_path)
         if silver.current.ignore_null_updates:
             stored = spark.read.format("delta").load(self.current_path)
@@ -431,7 +503,7 @@ class SilverStage(SilverDesign, QueryStage):
                     TableRole.CURRENT,
                     batch_id,
                     lambda target: current_state.merge_current(
-                        target, source, silver, self.row_columns
+                        target, source, silver, self.row_columns, truncated_at
                     ),
                 )
             ]
@@ -441,14 +513,18 @@ class SilverStage(SilverDesign, QueryStage):
                         spark,
                         TableRole.DELETED_KEYS,
                         batch_id,
-                        lambda target: current_state.merge_deleted_keys(target, reduced, silver),
+                        lambda target: current_state.merge_deleted_keys(
+                            target, reduced, silver, truncated_at
+                        ),
                     )
                 )
             return writes
         finally:
             release(reduced)
 
-    def _merge_history(self, events: DataFrame, batch_id: int) -> list[TableWrite]:
+    def _merge_history(
+        self, events: DataFrame, batch_id: int, truncates: bool = False
+    ) -> list[TableWrite]:
         """Recompute the versions of the batch's keys from the events table; MERGE what changed.
 
         Nothing changed (e.g. the replay of a batch whose MERGE committed) writes nothing.
@@ -463,6 +539,7 @@ class SilverStage(SilverDesign, QueryStage):
                 spark.read.format("delta").load(self.events_path),
                 spark.read.format("delta").load(self.history_path),
                 plan,
+                self._truncates(truncates),
             )
         )
         try:
@@ -478,6 +555,11 @@ class SilverStage(SilverDesign, QueryStage):
             ]
         finally:
             release(changes)
+
+    def _truncates(self, in_batch: bool) -> history_state.Truncates:
+        if self.silver.format != "debezium" or self.silver.debezium.truncate != "apply":
+            return history_state.Truncates.NONE
+        return history_state.Truncates.IN_BATCH if in_batch else history_state.Truncates.STORED
 
     def _merge_into(
         self,

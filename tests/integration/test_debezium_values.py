@@ -16,14 +16,17 @@ from pyspark.sql import SparkSession
 
 from pipelines.silver.debezium import UNAVAILABLE
 from pipelines.silver.parse import REASONS, parse_batch
+from pipelines.silver.parse import UNAVAILABLE as UNAVAILABLE_COLUMNS
 from pipelines.spec import parse_spec
 
 SCHEMA = (
     "id INT, balance DECIMAL(12,2), exact DECIMAL(10,3), opened_at TIMESTAMP, "
-    "created TIMESTAMP_NTZ, born DATE, avatar BINARY, profile STRING, ref STRING, tags ARRAY<STRING>"
+    "created TIMESTAMP_NTZ, born DATE, avatar BINARY, profile STRING, ref STRING, tags ARRAY<STRING>, "
+    "wait BIGINT, span STRING, price DECIMAL(19,2), attrs MAP<STRING,STRING>, extras STRING"
 )
 #: The field schemas Debezium writes for the columns above (PostgreSQL: integer, numeric(12,2),
-#: numeric, timestamptz, timestamp, date, bytea, jsonb, uuid, text[]).
+#: numeric, timestamptz, timestamp, date, bytea, jsonb, uuid, text[], interval, interval, money,
+#: hstore, hstore), in the connector's default modes.
 FIELDS = [
     {"type": "int32", "optional": False, "field": "id"},
     {"type": "bytes", "optional": False, "name": "org.apache.kafka.connect.data.Decimal",
@@ -46,7 +49,33 @@ FIELDS = [
      "field": "ref"},
     {"type": "array", "items": {"type": "string", "optional": True}, "optional": True,
      "field": "tags"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroDuration", "version": 1,
+     "field": "wait"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroDuration", "version": 1,
+     "field": "span"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "version": 1, "parameters": {"scale": "2"}, "field": "price"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1,
+     "field": "attrs"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1,
+     "field": "extras"},
 ]  # fmt: skip
+#: ``interval.handling.mode=string`` and ``hstore.handling.mode=map``: the other field schemas.
+INTERVAL_STRING = {"type": "string", "optional": True, "name": "io.debezium.time.Interval",
+                   "version": 1}  # fmt: skip
+HSTORE_MAP = {"type": "map", "keys": {"type": "string", "optional": False},
+              "values": {"type": "string", "optional": True}, "optional": True}  # fmt: skip
+OTHER_MODES = [
+    {**INTERVAL_STRING, "field": f["field"]} if f["field"] in ("wait", "span")
+    else {**HSTORE_MAP, "field": f["field"]} if f["field"] in ("attrs", "extras")
+    else f
+    for f in FIELDS
+]  # fmt: skip
+#: PostgreSQL's ``3 days 04:05:06.78``: Debezium's numeric mode, and its string mode.
+THREE_DAYS = 273_906_780_000
+THREE_DAYS_ISO = "P0Y0M3DT4H5M6.78S"
+#: An hstore in the default ``json`` mode: the JSON text Debezium's generator writes (compact).
+HSTORE_JSON = '{"tier":"gold","note":null}'
 NOV_20 = dt.datetime(2026, 11, 20, 10, 0, tzinfo=dt.UTC)
 MICROS = int(NOV_20.timestamp()) * 1_000_000
 
@@ -64,11 +93,20 @@ def row(**changes: Any) -> dict[str, Any]:
         "born": (NOV_20.date() - dt.date(1970, 1, 1)).days,
         "avatar": base64.b64encode(b"\x89PNG").decode(), "profile": '{"tier": "gold"}',
         "ref": "00000000-0000-0000-0000-000000000001", "tags": ["a", "b"],
+        "wait": THREE_DAYS, "span": THREE_DAYS, "price": unscaled(123456), "attrs": HSTORE_JSON,
+        "extras": HSTORE_JSON,
     }  # fmt: skip
     return {**values, **changes}
 
 
-def envelope(after: dict[str, Any], *, schema: bool = True, op: str = "u", lsn: int = 100) -> bytes:
+def envelope(
+    after: dict[str, Any],
+    *,
+    schema: bool = True,
+    op: str = "u",
+    lsn: int = 100,
+    fields: list[dict[str, Any]] = FIELDS,
+) -> bytes:
     payload = {
         "before": None, "after": after, "op": op, "ts_ms": 1_700_000_000_000,
         "source": {"lsn": lsn, "ts_ms": 1_700_000_000_000, "txId": 7, "db": "shop",
@@ -78,7 +116,7 @@ def envelope(after: dict[str, Any], *, schema: bool = True, op: str = "u", lsn: 
         return json.dumps(payload).encode()
     image = {
         "type": "struct",
-        "fields": FIELDS,
+        "fields": fields,
         "optional": True,
         "name": "shop.public.accounts.Value",
     }
@@ -120,6 +158,8 @@ EXPECTED = {
     "opened_at": NOV_20.replace(tzinfo=None), "created": NOV_20.replace(tzinfo=None),
     "born": NOV_20.date(), "avatar": bytearray(b"\x89PNG"), "profile": '{"tier": "gold"}',
     "ref": "00000000-0000-0000-0000-000000000001", "tags": ["a", "b"],
+    "wait": THREE_DAYS, "span": str(THREE_DAYS), "price": Decimal("1234.56"),
+    "attrs": {"tier": "gold", "note": None}, "extras": HSTORE_JSON,
 }  # fmt: skip
 
 
@@ -138,7 +178,7 @@ def test_every_encoding_decodes_by_the_records_own_schema(spark: SparkSession) -
 def test_records_without_their_schema_decode_by_the_declared_modes(spark: SparkSession) -> None:
     bare = [envelope(row(), schema=False)]
     assert values_of(parse(spark, bare)[0]) == EXPECTED  # precise, adaptive: the defaults
-    as_text = row(balance="10.50", created=MICROS // 1000)
+    as_text = row(balance="10.50", created=MICROS // 1000, price="1234.56")  # money too
     parsed = parse(
         spark,
         [envelope(as_text, schema=False)],
@@ -152,12 +192,18 @@ def test_a_value_the_declared_mode_cannot_read_is_quarantined_naming_column_and_
     spark: SparkSession,
 ) -> None:
     """A connector on ``decimal.handling.mode=string`` read as ``precise``; a scale wider than
-    declared (never rounded)."""
+    declared (never rounded); an interval of months as microseconds (never guessed); one beyond
+    a BIGINT's microseconds, and a fraction of a second in a BIGINT (never truncated)."""
+    months = row(wait="P1Y2M3DT4H5M6.78S", span="P1Y2M3DT4H5M6.78S")
+    beyond = row(wait="P0Y0M0DT0H0M9223372036854.775808S")
     parsed = parse(
         spark,
         [
             envelope(row(balance="10.50"), schema=False),
             envelope(row(exact={"scale": 4, "value": unscaled(1234567)})),
+            envelope(months, fields=OTHER_MODES),
+            envelope(beyond, fields=OTHER_MODES),
+            envelope(row(wait=1.5), schema=False),
         ],
     )
     assert parsed[0][REASONS] == [
@@ -168,14 +214,53 @@ def test_a_value_the_declared_mode_cannot_read_is_quarantined_naming_column_and_
         "value does not match the declared schema: payload.after.exact (decimal(10,3); is "
         "silver.debezium.decimal_handling_mode the connector's decimal.handling.mode?)"
     ]
-
-
-def test_a_toast_placeholder_is_never_written(spark: SparkSession) -> None:
-    parsed = parse(spark, [envelope(row(profile=UNAVAILABLE, tags=[UNAVAILABLE]))])
-    assert parsed[0][REASONS] == [
-        "unchanged TOASTed value not sent by Debezium (its placeholder) in profile, tags: "
-        "Conflux does not carry the stored value forward yet"
+    assert parsed[2][REASONS] == [
+        "value does not match the declared schema: payload.after.wait (bigint; "
+        "interval.handling.mode=string sent months or years, which have no fixed length in "
+        "microseconds: declare the column STRING for the ISO 8601 text)"
     ]
+    assert parsed[2]["span"] == "P1Y2M3DT4H5M6.78S"  # as sent
+    assert [p[REASONS] for p in parsed[3:]] == [
+        ["value does not match the declared schema: payload.after.wait (bigint)"],
+        ["value does not match the declared schema: after.wait (bigint)"],
+    ]
+
+
+def test_interval_and_hstore_in_their_other_modes_decode_with_and_without_the_schema(
+    spark: SparkSession,
+) -> None:
+    """``interval.handling.mode=string`` (ISO 8601, converted to microseconds exactly: where the
+    numeric mode's double arithmetic gives 2.01 s as 2,009,999 µs, this gives 2,010,000) and
+    ``hstore.handling.mode=map`` (a JSON object: as text, the JSON the ``json`` mode sends), by
+    the record's schema and bare: no setting tells them apart, their values do."""
+    other = row(wait=THREE_DAYS_ISO, span=THREE_DAYS_ISO, attrs={"tier": "gold", "note": None},
+                extras={"tier": "gold", "note": None})  # fmt: skip
+    signed = {"id": 2, "wait": "P0Y0M-1DT2H0M0S", "span": "P0Y0M0DT-4H-5M-6.78S"}
+    parsed = parse(
+        spark,
+        [
+            envelope(other, fields=OTHER_MODES),
+            envelope(other, schema=False),
+            envelope(row(**signed), fields=OTHER_MODES),
+            envelope(row(id=3, wait="P0Y0M0DT0H0M3600S"), schema=False),  # from a number
+            envelope(row(id=4, wait="P0Y0M0DT0H0M2.01S"), fields=OTHER_MODES),
+        ],
+    )
+    assert [p[REASONS] for p in parsed] == [[]] * 5
+    assert values_of(parsed[0]) == values_of(parsed[1]) == {**EXPECTED, "span": THREE_DAYS_ISO}
+    assert (parsed[2]["wait"], parsed[2]["span"]) == (-79_200_000_000, "P0Y0M0DT-4H-5M-6.78S")
+    assert [p["wait"] for p in parsed[3:]] == [3_600_000_000, 2_010_000]
+
+
+def test_a_toast_placeholder_is_never_parsed_as_a_value(spark: SparkSession) -> None:
+    """The placeholder, in each of its forms (text, base64 bytes, a one-element array), is null
+    and named in ``_unavailable``; the stage carries the key's stored value into it
+    (``pipelines/silver/changes.py``, ``test_debezium_changes.py``)."""
+    unsent = base64.b64encode(UNAVAILABLE.encode()).decode()
+    parsed = parse(spark, [envelope(row(profile=UNAVAILABLE, tags=[UNAVAILABLE], avatar=unsent))])
+    assert parsed[0][REASONS] == []
+    assert (parsed[0]["profile"], parsed[0]["tags"], parsed[0]["avatar"]) == (None, None, None)
+    assert parsed[0][UNAVAILABLE_COLUMNS] == ["avatar", "profile", "tags"]
 
 
 def test_twos_complement_bytes_of_any_length(spark: SparkSession) -> None:
