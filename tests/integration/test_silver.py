@@ -113,6 +113,13 @@ STAGE = "silver"
 TRACKED = ("email", "tier")
 #: Where the kill test runs (see the module doc).
 KILL_LAKES = ("local", "store") if FULL_SCHEDULE else ("store",)
+#: How often the kills look at the files on the S3 store, where each look is a listing request
+#: (~15 ms, ~6 ms of CPU between the test and the store: at the local disk's 2 ms the watching
+#: kept a third of a core busy beside the application it watches, 20 s of CPU in a run). The
+#: window after a MERGE (its commit, then the batch's commit-log entry on the store) lasted 80-100
+#: ms, so a look every 20 ms still pauses inside it (a miss costs a batch: ``TRIES``); a mid-batch
+#: kill aims at a whole batch, seconds long, and waits a random delay into it anyway.
+STORE_POLL_SECONDS = {AFTER_DELTA_COMMIT: 0.02, MID_BATCH: 0.1}
 
 
 @pytest.fixture(params=KILL_LAKES)
@@ -357,7 +364,12 @@ def commit_operation(files: FlowFiles, version: int) -> str | None:
 
 
 def kill_after_merge_commit(
-    group: ProcessGroup, files: FlowFiles, aim: Aim, tries: int = TRIES, timeout: float = 600.0
+    group: ProcessGroup,
+    files: FlowFiles,
+    aim: Aim,
+    tries: int = TRIES,
+    timeout: float = 600.0,
+    poll: float = POLL_SECONDS,
 ) -> Landing:
     """SIGKILL after a silver batch's MERGE into the aimed table committed, before the batch's
     entry in the silver commit log.
@@ -366,6 +378,7 @@ def kill_after_merge_commit(
     the silver checkpoint: the moment a new table version appears the group is paused; if that
     version is a MERGE whose ``txn`` names batch ``B`` and ``commits/B`` is absent, the pause
     landed in the window: kill. Else resume and wait for the next version, at most ``tries`` times.
+    ``poll``: how often the Delta log is looked at (on an object store each look is a request).
     """
     seen = max(files.latest_delta_version(), 0)
     deadline = time.monotonic() + timeout
@@ -375,7 +388,7 @@ def kill_after_merge_commit(
                 raise ChaosError(f"the application exited ({group.exit_code()}) before a MERGE")
             if time.monotonic() > deadline:
                 raise ChaosError(f"timed out waiting for a MERGE after v{seen}")
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll)
         group.pause()
         try:
             aim.pauses += 1
@@ -525,6 +538,8 @@ class TestSilverExactlyOnce:
         launches = Launches(spec, settings, tmp_path)
         window, mid_batch = Aim(AFTER_DELTA_COMMIT), Aim(MID_BATCH)
         landings: list[Landing] = []
+        polls = {k: STORE_POLL_SECONDS[k] if lake == "store" else POLL_SECONDS
+                 for k in (AFTER_DELTA_COMMIT, MID_BATCH)}  # fmt: skip
 
         def report() -> None:
             print(f"kills landed: {[(k.kind, k.batch_id) for k in landings]}")
@@ -535,20 +550,28 @@ class TestSilverExactlyOnce:
         try:
             produce_tranche(0)
             with launches.run("run-0", "continuous") as (group, out):
-                landings.append(kill_after_merge_commit(group, files, window))
+                landings.append(
+                    kill_after_merge_commit(group, files, window, poll=polls[AFTER_DELTA_COMMIT])
+                )
             produce_tranche(1)
             with launches.run("run-1", "continuous") as (group, out):
                 check_silver_restart(landings[-1], paths, group, out)
                 delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (MERGE batches last seconds)
                 replayed = landings[-1].batch_id  # aim at the first batch after the replay
                 landings.append(
-                    kill_mid_batch(group, files, mid_batch, delay, TRIES, after=replayed)
+                    kill_mid_batch(
+                        group, files, mid_batch, delay, TRIES, after=replayed, poll=polls[MID_BATCH]
+                    )
                 )
             produce_tranche(2)
             if FULL_SCHEDULE:
                 with launches.run("run-2", "continuous") as (group, out):
                     check_silver_restart(landings[-1], paths, group, out)
-                    landings.append(kill_after_merge_commit(group, files, window))
+                    landings.append(
+                        kill_after_merge_commit(
+                            group, files, window, poll=polls[AFTER_DELTA_COMMIT]
+                        )
+                    )
             # the rest in large batches: the killed batch first, with the offsets it planned
             finished, out = launches.catch_up_here(spark, kill_spec(len(sent), 0))
             assert finished.code == EXIT_OK, out.tail()

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 from playwright.sync_api import Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
@@ -49,13 +50,27 @@ class Browser:
         self.dismiss_welcome()
 
     def dismiss_welcome(self) -> None:
-        """The first visit to a new Dagster instance shows a community dialog: skip it."""
+        """The first visit to a new Dagster instance shows a community dialog: skip it.
+
+        The UI shows it only while the instance answers ``shouldShowNux`` (its Skip sets that
+        to false on the server), so the page is asked the same first: once it was skipped, no
+        page of any browser waits for a dialog that will not come (3 s an open before)."""
+        if not self.nux_pending():
+            return
         skip = self.page.get_by_role("button", name="Skip", exact=True)
         try:
-            skip.wait_for(state="visible", timeout=3000)
-        except PlaywrightTimeoutError:  # no dialog this time
+            skip.wait_for(state="visible", timeout=10_000)
+        except PlaywrightTimeoutError:  # not shown after all (e.g. skipped meanwhile)
             return
         skip.click()
+
+    def nux_pending(self) -> bool:
+        """Whether the instance would still show the community dialog (the UI's own query)."""
+        reply = requests.post(
+            f"{self.base_url}/graphql", json={"query": "{ shouldShowNux }"}, timeout=30
+        )
+        reply.raise_for_status()
+        return bool(reply.json()["data"]["shouldShowNux"])
 
     def button(self, text: str | re.Pattern[str]) -> None:
         """Click the visible button whose text is ``text`` (a string is matched whole)."""
