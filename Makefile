@@ -185,17 +185,19 @@ format: $(STAMP) ## Apply ruff's formatter and autofixes
 typecheck: $(STAMP) ## Run mypy on the packages
 	$(VENV)/bin/mypy pipelines assets quality
 
-chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one), and a 5-minute broker outage under conflux run
+chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one), a 5-minute broker outage under conflux run, and a PostgreSQL workload through Debezium with its Connect worker and Spark killed
 	CHAOS_FULL_SCHEDULE=1 CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} SILVER_KILL_KEYS=$${SILVER_KILL_KEYS:-10000} \
 		SILVER_CHAOS_KEYS=$${SILVER_CHAOS_KEYS:-10000} CLUSTER_FAULT_KEYS=$${CLUSTER_FAULT_KEYS:-2000} \
 		GOLD_CHAOS_RECORDS=$${GOLD_CHAOS_RECORDS:-100000} BROKER_OUTAGE_SECONDS=$${BROKER_OUTAGE_SECONDS:-300} \
+		CDC_CHAOS_CHANGES=$${CDC_CHAOS_CHANGES:-3000} CDC_SNAPSHOT_ROWS=$${CDC_SNAPSHOT_ROWS:-20000} \
 		$(VENV)/bin/pytest -s $(PYTEST_ARGS) \
 		tests/integration/test_bronze_exactly_once.py \
 		tests/integration/test_source_faults.py::TestBrokerRestart \
 		tests/integration/test_silver.py::TestSilverExactlyOnce \
 		tests/integration/test_silver.py::TestSilverCurrentState \
 		tests/integration/test_gold.py::test_gold_is_exact_after_kills_during_stateful_batches \
-		tests/e2e/test_cluster.py::test_executor_worker_and_driver_killed_mid_batch_lose_nothing
+		tests/e2e/test_cluster.py::test_executor_worker_and_driver_killed_mid_batch_lose_nothing \
+		tests/integration/test_debezium_source.py::test_kills_of_the_worker_and_of_spark_lose_and_double_nothing
 
 bench: setup ## Full benchmark run (~2 h: bronze, silver freshness, MERGE at 10M keys): regenerates BENCHMARKS.md
 	$(PY) bench/run.py --write-benchmarks

@@ -30,28 +30,42 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from pipelines.held import hold, release
 from pipelines.silver.parse import REASONS, TRUNCATE, UNAVAILABLE, parsed_event
 
 #: A change's identity in the events table (see the module doc), per row.
 _CHANGE = "_change"
 _STORED_SEQUENCE = "_stored_sequence"
 _COORDINATES = ("_source_topic", "_source_partition", "_source_offset")
-#: The reason of a record whose unsent value no stored change carries.
-UNRESOLVED_PLACEHOLDER = (
-    "unchanged TOASTed value not sent by Debezium (its placeholder) in {columns}, and no "
-    "earlier change of the key that Conflux stored carries it: read the topic from the "
-    "connector's snapshot (source.starting_offsets: earliest), or set REPLICA IDENTITY FULL on "
-    "the table"
+#: Why an unsent value was not carried forward, after "unchanged TOASTed value not sent by
+#: Debezium (its placeholder) in <columns>, ": none stored, no key, a transform.
+NOT_STORED = (
+    "and no earlier change of the key that Conflux stored carries it: read the topic from the "
+    "connector's snapshot (source.starting_offsets: earliest)"
 )
+NO_KEY = (
+    "and the flow declares no key (silver.current or silver.history keys) to find the row's "
+    "earlier value by"
+)
+TRANSFORMED = (
+    "and Conflux carries stored values forward only in flows without a silver.transform (the "
+    "events table holds the transform's output, not the values the record lacks)"
+)
+_UNSENT = "unchanged TOASTed value not sent by Debezium (its placeholder) in "
 
 
-def change_identity(frame: DataFrame, values: Sequence[str]) -> Column:
-    """Per event, what makes it the same change when it arrives again: ``op:lsn``, or for a
-    snapshot read ``r:`` and a hash of ``values`` (the row as read)."""
-    row = F.to_json(F.struct(*(F.col(c) for c in values if c in frame.columns)))
-    return F.when(
-        F.col("_op") == "r", F.concat(F.lit("r:"), F.xxhash64(row).cast("string"))
-    ).otherwise(F.concat(F.col("_op"), F.lit(":"), F.col("_source_lsn").cast("string")))
+def change_identity(values: Sequence[str]) -> Column:
+    """Per event, what makes it the same change when it arrives again: ``op:lsn``; for a
+    snapshot read ``r:`` and a hash of ``values`` (the row as read). An event without a
+    ``_source_lsn`` (connectors other than PostgreSQL's) is only itself, by its coordinates:
+    Conflux does not deduplicate their changes."""
+    row = F.to_json(F.struct(*(F.col(c) for c in values)))
+    coordinates = F.concat_ws("/", *(F.col(c).cast("string") for c in _COORDINATES))
+    return (
+        F.when(F.col("_source_lsn").isNull(), F.concat(F.lit("@"), coordinates))
+        .when(F.col("_op") == "r", F.concat(F.lit("r:"), F.xxhash64(row).cast("string")))
+        .otherwise(F.concat(F.col("_op"), F.lit(":"), F.col("_source_lsn").cast("string")))
+    )
 
 
 def _same_key(keys: Sequence[str], left: DataFrame, right: DataFrame) -> Column:
@@ -65,6 +79,10 @@ def _and(*conditions: Column) -> Column:
     return result
 
 
+def _all_null(keys: Sequence[str]) -> Column:
+    return _and(F.lit(True), *(F.col(k).isNull() for k in keys))
+
+
 def without_redelivered(
     events: DataFrame,
     stored_events: DataFrame,
@@ -73,18 +91,23 @@ def without_redelivered(
     values: Sequence[str],
     batch_id: int,
 ) -> DataFrame:
-    """``events`` (one batch's, parsed) without the changes Debezium delivered again.
+    """``events`` (one batch's, parsed) without the changes Debezium delivered again, held
+    (:func:`pipelines.held.hold`: release it when the batch is done).
 
     Within the batch, the first record of each change counts (lowest partition and offset).
-    Against the table, only *candidates* are looked up: events whose key the current table or
-    its deleted keys (``stored_sequences``: keys and ``_sequence``) already hold at their
-    sequence or later, and every snapshot read of a stored key (a restarted snapshot reads at a
-    new, higher position). A fresh change is newer than anything stored for its key, so in the
-    usual batch there is no candidate and the events table is not read. Without a current table
-    (``stored_sequences`` None) every event is a candidate. Rows the events table got from this
-    same batch id (a replay after a crash between the appends) are not duplicates of it.
+    Against the events table, only *candidates* are looked up: events whose key the current
+    table or its deleted keys (``stored_sequences``: keys and ``_sequence``) hold at their
+    sequence or later, events not newer than a stored TRUNCATE (the deleted keys' row with null
+    keys), snapshot reads of stored keys and TRUNCATEs. A fresh change is newer than anything
+    stored for its key: a batch without candidates reads the events table not at all (one small
+    job over the batch says so). Without a current table (``stored_sequences`` None) every event
+    is a candidate. The events table's rows from this same batch id (a replay after a crash
+    between the writes) are not duplicates of it; the writes of the batch only ever raise
+    stored sequences, so a replay finds the same candidates or more, and decides each from the
+    events table as it was before the batch.
     """
-    identified = events.withColumn(_CHANGE, change_identity(events, values))
+    shared = [c for c in values if c in events.columns and c in stored_events.columns]
+    identified = events.withColumn(_CHANGE, change_identity(shared))
     first = Window.partitionBy(*keys, _CHANGE).orderBy("_source_partition", "_source_offset")
     unique = (
         identified.withColumn("_nth", F.row_number().over(first))
@@ -92,40 +115,90 @@ def without_redelivered(
         .drop("_nth")
     )
     if stored_sequences is None:
-        fresh, candidates = unique.limit(0), unique
-    else:
-        stored = stored_sequences.groupBy(*keys).agg(F.max("_sequence").alias(_STORED_SEQUENCE))
-        joined = unique.join(stored, list(keys), "left")
-        is_candidate = F.col(_STORED_SEQUENCE).isNotNull() & (
-            (F.col("_op") == "r") | (F.col("_sequence") <= F.col(_STORED_SEQUENCE))
+        return hold(
+            _not_stored(unique, stored_events, keys, shared, batch_id).select(*events.columns)
         )
-        candidate = (F.col("_op") == TRUNCATE) | F.coalesce(is_candidate, F.lit(False))
-        fresh = joined.where(~candidate).drop(_STORED_SEQUENCE)
-        candidates = joined.where(candidate).drop(_STORED_SEQUENCE)
+    joined = hold(_with_stored_sequence(unique, stored_sequences, keys))
+    try:
+        candidate = F.coalesce(F.col("_candidate"), F.lit(False))
+        fresh = joined.where(~candidate).drop("_candidate")
+        candidates = joined.where(candidate).drop("_candidate")
+        if candidates.isEmpty():
+            return hold(fresh.select(*events.columns))
+        new = _not_stored(candidates, stored_events, keys, shared, batch_id)
+        return hold(fresh.drop(_CHANGE).unionByName(new).select(*events.columns))
+    finally:
+        release(joined)
+
+
+def _with_stored_sequence(
+    unique: DataFrame, stored_sequences: DataFrame, keys: Sequence[str]
+) -> DataFrame:
+    """``unique`` with ``_candidate``: whether the event must be looked up (see
+    :func:`without_redelivered`). Only the stored rows of the batch's keys are aggregated."""
+    batch_keys = F.broadcast(unique.where(F.col("_op") != TRUNCATE).select(*keys).distinct())
+    stored = (
+        stored_sequences.join(batch_keys, list(keys), "left_semi")
+        .groupBy(*keys)
+        .agg(F.max("_sequence").alias(_STORED_SEQUENCE))
+    )
+    floor = stored_sequences.where(_all_null(keys)).agg(F.max("_sequence").alias("_floor"))
+    joined = unique.join(stored, list(keys), "left").crossJoin(F.broadcast(floor))
+    held_key = F.col(_STORED_SEQUENCE).isNotNull() & (
+        (F.col("_op") == "r") | (F.col("_sequence") <= F.col(_STORED_SEQUENCE))
+    )
+    candidate = (F.col("_op") == TRUNCATE) | held_key | (F.col("_sequence") <= F.col("_floor"))
+    return joined.withColumn("_candidate", candidate).drop(_STORED_SEQUENCE, "_floor")
+
+
+def _not_stored(
+    candidates: DataFrame,
+    stored_events: DataFrame,
+    keys: Sequence[str],
+    values: Sequence[str],
+    batch_id: int,
+) -> DataFrame:
+    """The ``candidates`` (with ``_change``) the events table does not already hold."""
     prior = stored_events.where(F.col("_batch_id") != batch_id)
-    prior = prior.join(F.broadcast(candidates.select(*keys).distinct()), list(keys), "left_semi")
-    known = _known_changes(prior, keys, values)
+    truncates = prior.where(F.col("_op") == TRUNCATE)
+    if keys:
+        keyed = F.broadcast(candidates.where(F.col("_op") != TRUNCATE).select(*keys).distinct())
+        prior = prior.join(keyed, list(keys), "left_semi")
+    else:  # no key to narrow by: the candidates' positions (files outside them are skipped)
+        bounds = candidates.agg(F.min("_source_lsn"), F.max("_source_lsn")).first()
+        assert bounds is not None
+        prior = prior.where(F.col("_source_lsn").between(bounds[0], bounds[1]))
+    known = _known_changes(prior, truncates, keys, values)
     same = _and(_same_key(keys, candidates, known), candidates[_CHANGE] == known[_CHANGE])
-    new = candidates.join(known, same, "left_anti")
-    return fresh.unionByName(new).drop(_CHANGE).select(*events.columns)
+    return candidates.join(known, same, "left_anti").drop(_CHANGE)
 
 
-def _known_changes(prior: DataFrame, keys: Sequence[str], values: Sequence[str]) -> DataFrame:
-    """The identities a candidate is compared with: every stored change's, and, for a snapshot
-    read, the key's latest stored row as a read (a read that finds the row as the stream left
-    it changes nothing, whether the stored row came from a read or from a change)."""
+def _known_changes(
+    prior: DataFrame, truncates: DataFrame, keys: Sequence[str], values: Sequence[str]
+) -> DataFrame:
+    """The identities a candidate is compared with: every stored change's (snapshot reads and
+    TRUNCATEs too, these with their null keys), and, for a snapshot read, the key's latest
+    stored row as a read (a read that finds the row as the stream left it changes nothing,
+    whether the stored row came from a read or a change), unless that row was deleted or
+    truncated since."""
+    identity = change_identity(values).alias(_CHANGE)
+    changes = prior.select(*keys, identity)
+    changes = changes.unionByName(truncates.select(*keys, identity))
+    if not keys:
+        return changes
     latest = Window.partitionBy(*keys).orderBy(
         *(F.col(c).desc() for c in ("_sequence", "_source_partition", "_source_offset"))
     )
-    row = F.to_json(F.struct(*(F.col(c) for c in values if c in prior.columns)))
+    cut = truncates.agg(F.max("_sequence").alias("_cut"))
+    row = F.to_json(F.struct(*(F.col(c) for c in values)))
     as_read = (
-        prior.where(F.col("_op") != TRUNCATE)
-        .withColumn("_nth", F.row_number().over(latest))
+        prior.withColumn("_nth", F.row_number().over(latest))
         .where(F.col("_nth") == 1)
+        .crossJoin(F.broadcast(cut))
+        .where(
+            (F.col("_op") != "d") & (F.col("_cut").isNull() | (F.col("_sequence") > F.col("_cut")))
+        )
         .select(*keys, F.concat(F.lit("r:"), F.xxhash64(row).cast("string")).alias(_CHANGE))
-    )
-    changes = prior.where(F.col("_op") != "r").select(
-        *keys, change_identity(prior, values).alias(_CHANGE)
     )
     return changes.unionByName(as_read)
 
@@ -141,8 +214,6 @@ def carry_unavailable(
     ``columns``: the columns that hold a placeholder in some row of the batch (few: the TOASTed
     ones). Only the rows of keys with a placeholder are read from the events table.
     """
-    if not keys:  # no key, no earlier change of it
-        return parsed.withColumn(REASONS, F.concat(F.col(REASONS), _unresolved(F.col(UNAVAILABLE))))
     order = ["_sequence", "_source_partition", "_source_offset"]
     needing = parsed.where(parsed_event() & (F.size(UNAVAILABLE) > 0))
     toasted = F.broadcast(needing.select(*keys).distinct())
@@ -186,26 +257,31 @@ def carry_unavailable(
     }
     return (
         joined.withColumns(filled)
-        .withColumn(REASONS, F.concat(F.col(REASONS), _unresolved(F.col("_unresolved"))))
+        .withColumn(REASONS, F.concat(F.col(REASONS), _unsent(F.col("_unresolved"), NOT_STORED)))
         .select(*parsed.columns)
     )
 
 
-def _unresolved(columns: Column) -> Column:
-    """:data:`UNRESOLVED_PLACEHOLDER` for the (array of) ``columns`` when there are any, as an
-    array of reasons (empty otherwise)."""
-    before, after = UNRESOLVED_PLACEHOLDER.split("{columns}")
-    named = F.concat(F.lit(before), F.array_join(columns, ", "), F.lit(after))
+def refuse_unavailable(parsed: DataFrame, why: str) -> DataFrame:
+    """``parsed`` with each event holding a placeholder quarantined, saying ``why`` its value is
+    not carried forward (:data:`NO_KEY`, :data:`TRANSFORMED`)."""
+    unsent = F.when(parsed_event(), F.col(UNAVAILABLE))
+    return parsed.withColumn(REASONS, F.concat(F.col(REASONS), _unsent(unsent, why)))
+
+
+def _unsent(columns: Column, why: str) -> Column:
+    """The reason naming the (array of) ``columns`` whose placeholder stays unresolved, and
+    ``why``, as an array of reasons: empty without such columns."""
+    named = F.concat(F.lit(_UNSENT), F.array_join(columns, ", "), F.lit(f", {why}"))
     return F.when(F.size(F.coalesce(columns, F.array())) > 0, F.array(named)).otherwise(
         F.array().cast("array<string>")
     )
 
 
 def unavailable_columns(parsed: DataFrame) -> list[str]:
-    """The columns holding a placeholder in some event of ``parsed`` (a small collect: names)."""
-    rows = (
-        parsed.where(parsed_event()).select(F.explode(UNAVAILABLE).alias("c")).distinct().collect()
-    )
+    """The columns holding a placeholder in some row of ``parsed`` (a small collect: names),
+    whatever the expectations made of the row: they judged it before the carry."""
+    rows = parsed.select(F.explode(UNAVAILABLE).alias("c")).distinct().collect()
     return sorted(row["c"] for row in rows)
 
 

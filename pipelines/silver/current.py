@@ -113,13 +113,14 @@ def drop_stale(
         .groupBy(*keys)
         .agg(F.max("_sequence").alias("_stored_sequence"))
     )
-    return (
+    fresh = (
         events.join(stored, keys, "left")
         .where(
             F.col("_stored_sequence").isNull() | (F.col("_sequence") > F.col("_stored_sequence"))
         )
         .drop("_stored_sequence")
     )
+    return _after_truncate(fresh, deleted_keys, spec)
 
 
 def drop_deleted(reduced: DataFrame, deleted_keys: DataFrame, spec: SilverSpec) -> DataFrame:
@@ -135,19 +136,24 @@ def drop_deleted(reduced: DataFrame, deleted_keys: DataFrame, spec: SilverSpec) 
         )
         .drop("_deleted_sequence")
     )
+    return _after_truncate(kept, deleted_keys, spec, deletes_pass=True)
+
+
+def _after_truncate(
+    frame: DataFrame, deleted_keys: DataFrame, spec: SilverSpec, deletes_pass: bool = False
+) -> DataFrame:
+    """``frame``'s events newer than the flow's last TRUNCATE (``silver.debezium.truncate:
+    apply``), remembered as the deleted-keys row with null keys: every key older than it is
+    gone. ``deletes_pass``: keep deletes whatever their sequence (a delete deletes nothing
+    more)."""
     if spec.format != "debezium" or spec.debezium.truncate != "apply":
-        return kept
-    # A TRUNCATE is remembered as the tombstone with null keys: every key older than it is gone.
+        return frame
+    keys = list(_current(spec).keys)
     floor = deleted_keys.where(_all_null(keys)).agg(F.max("_sequence").alias("_truncated_at"))
-    return (
-        kept.crossJoin(F.broadcast(floor))
-        .where(
-            (F.col("_op") == "d")
-            | F.col("_truncated_at").isNull()
-            | (F.col("_sequence") > F.col("_truncated_at"))
-        )
-        .drop("_truncated_at")
-    )
+    newer = F.col("_truncated_at").isNull() | (F.col("_sequence") > F.col("_truncated_at"))
+    if deletes_pass:
+        newer = newer | (F.col("_op") == "d")
+    return frame.crossJoin(F.broadcast(floor)).where(newer).drop("_truncated_at")
 
 
 def _all_null(keys: Sequence[str]) -> Column:

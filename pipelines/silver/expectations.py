@@ -72,7 +72,11 @@ def with_expectations(parsed: DataFrame, expectations: Sequence[Expectation]) ->
         lambda name: name.isNotNull(),
     )
     frame = parsed.withColumn(
-        FAILED, F.when(parsed_event(), failed).otherwise(F.array().cast("array<string>"))
+        # A TRUNCATE has no row to judge.
+        FAILED,
+        F.when(parsed_event() & (F.col("_op") != TRUNCATE), failed).otherwise(
+            F.array().cast("array<string>")
+        ),
     )
     dropping = [e for e in expectations if e.action == "drop"]
     if not dropping:
@@ -107,7 +111,8 @@ def batch_aggregates(
         F.count_if(F.col(IGNORED)).alias("ignored"),
         F.count_if(event & (F.col("_op") == "d")).alias("deletes"),
         F.count_if(event & (F.col("_op") == TRUNCATE)).alias("truncates"),
-        F.count_if(event & (F.size(F.col(UNAVAILABLE)) > 0)).alias("unavailable"),
+        # Whatever the expectations made of the row: they judged it before the carry.
+        F.count_if(F.size(F.col(UNAVAILABLE)) > 0).alias("unavailable"),
         F.count_if(event & ~flagged).alias("passed"),
         F.count_if(event & flagged).alias("warned"),
         F.count_if(~event & flagged).alias("dropped"),

@@ -194,15 +194,17 @@ def history_changes(
     """
     keys = list(plan.keys)
     touched = batch_events.where(F.col("_op") != TRUNCATE).select(*keys).distinct()
-    if truncates is Truncates.IN_BATCH:
+    if truncates is Truncates.IN_BATCH:  # every open version: maybe every key, not broadcast
         opened = stored.where(F.col("_is_current")).select(*keys)
         touched = touched.unionByName(opened).distinct()
-    events = all_events.join(F.broadcast(touched), keys, "left_semi")
+    else:
+        touched = F.broadcast(touched)
+    events = all_events.join(touched, keys, "left_semi")
     if truncates is not Truncates.NONE:
         cuts = all_events.where(F.col("_op") == TRUNCATE).drop(*keys)
-        events = events.unionByName(cuts.crossJoin(F.broadcast(touched)))
+        events = events.unionByName(F.broadcast(cuts).crossJoin(touched))
     recomputed = versions_of(events, plan)
-    held = stored.join(F.broadcast(touched), keys, "left_semi")
+    held = stored.join(touched, keys, "left_semi")
     compared = [*plan.values, "_valid_to", "_valid_from_time", "_valid_to_time", "_is_current"]
     new = recomputed.select(
         *keys, "_valid_from", F.struct(*compared).alias("_new"), F.lit(True).alias("_in_new")

@@ -106,6 +106,19 @@ class FlowSpec(_Model):
                 "already: silver over files is not supported yet",
                 "silver",
             )
+        source = self.source
+        if (
+            self.silver is not None
+            and self.silver.debezium.truncate == "apply"
+            and isinstance(source, KafkaSource)
+            and (source.pattern or len(source.topics) > 1)
+        ):
+            yield _error(
+                "applies a TRUNCATE to every row of the flow, so the flow must read one table: "
+                "one topic (a TRUNCATE of one shard's table would empty the others'); read "
+                "several with truncate: quarantine, or give each its own flow",
+                "silver.debezium.truncate",
+            )
         seen: dict[str, str] = {}
         for declared in self.tables():
             table, role = declared.name, declared.role

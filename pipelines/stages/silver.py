@@ -17,7 +17,10 @@ table (``conflux-<flow id>-g<generation>-<table>``; see :mod:`pipelines.delta_wr
    (:mod:`pipelines.silver.history`).
 
 A spec's ``transform`` (:mod:`pipelines.silver.transform`) rewrites the parsed events before any
-of these writes; the tables are designed from its output schema.
+of these writes; the tables are designed from its output schema. With ``format: debezium`` the
+events then lose the changes the connector delivered again, an unsent TOAST value is carried from
+the key's earlier changes before the rows are judged, and a TRUNCATE is applied
+(:mod:`pipelines.stages.silver_changes`, :mod:`pipelines.silver.changes`).
 
 Empty writes are skipped (one aggregation over the held batch counts the three kinds of rows
 first). The stage runs either as its own query reading the bronze table as a Delta stream, with its
@@ -29,7 +32,7 @@ the query it runs in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -107,13 +110,14 @@ from pipelines.silver.transform import (
 )
 from pipelines.spec import FlowSpec, SilverSpec
 from pipelines.stages.base import QueryStage
+from pipelines.stages.silver_changes import SilverChanges
 from pipelines.stages.silver_design import SilverDesign
 
 STAGE = SILVER_STAGE
 log = logging.getLogger(__name__)
 
 
-class SilverStage(SilverDesign, QueryStage):
+class SilverStage(SilverDesign, SilverChanges, QueryStage):
     """One flow's silver stage (see the module doc)."""
 
     kind = STAGE
@@ -234,12 +238,29 @@ class SilverStage(SilverDesign, QueryStage):
 
     # -- every batch -------------------------------------------------------------------------
 
-    def _parse(self, bronze_rows: DataFrame, batch_id: int, judged: bool = True) -> DataFrame:
+    def _parse(
+        self,
+        bronze_rows: DataFrame,
+        batch_id: int,
+        judged: bool = True,
+        unsent: Sequence[str] = (),
+        held: list[DataFrame] | None = None,
+    ) -> DataFrame:
         """Parse a batch: rows, their schema changes (policy reasons, rescued fields) and (when
         ``judged``) their expectations, in one projection; the expressions are built once per
-        spec (:mod:`pipelines.silver.steps`), only the batch id is the batch's own."""
+        spec (:mod:`pipelines.silver.steps`), only the batch id is the batch's own. ``unsent``:
+        columns some row holds Debezium's TOAST placeholder in, whose stored values are carried
+        forward before the rows are judged; the parse is held first (added to ``held``, for the
+        caller to release), since the carry reads it three times and Spark would otherwise
+        inline the parser into each read (pipelines/held.py)."""
         parse, judge = self._parse_steps(judged)
-        return judge.apply(with_batch_id(parse.apply(bronze_rows), batch_id))
+        parsed = with_batch_id(parse.apply(bronze_rows), batch_id)
+        if unsent:
+            assert held is not None, "the caller releases the held parse"
+            parsed = hold(parsed)
+            held.append(parsed)
+            parsed = self._carry_unavailable(parsed, unsent, batch_id)
+        return judge.apply(parsed)
 
     def _parse_steps(self, judged: bool) -> tuple[FrameSteps, FrameSteps]:
         """The recorded parse of the current spec (evolving columns makes a new one)."""
@@ -344,50 +365,14 @@ class SilverStage(SilverDesign, QueryStage):
         """Parse and write one batch of bronze rows; every write idempotent under ``batch_id``."""
         if self.guard is not None and self.own_query:
             self.guard.check()  # LeaseLostError fails the query before anything is written
-        parsed = hold(self._parse(bronze_rows, batch_id))
-        transformed: DataFrame | None = None
-        deduplicated: DataFrame | None = None
-        columns_added: list[str] = []
+        parsed, counts, columns_added = self._parsed_batch(bronze_rows, batch_id)
+        held: list[DataFrame] = []
         try:
-            counts = self._count(parsed)
-            self._raise_failures(counts, batch_id)  # before any write, evolving included
-            undeclared = list(counts.get("undeclared_columns") or [])
-            if undeclared:
-                columns_added = self._evolve(parsed, undeclared, batch_id)
-                if columns_added:  # parse the batch again, with the new columns
-                    reparsed = hold(self._parse(bronze_rows_of(parsed), batch_id))
-                    release(parsed)
-                    parsed = reparsed  # released in the finally below, whatever happens next
-                    counts = self._count(parsed)
-            if counts.get("unavailable"):
-                carried = hold(self._carry_unavailable(parsed, batch_id))
-                release(parsed)
-                parsed = carried
-                counts = self._count(parsed)
             silver = self.silver
             expectations = silver.expectations
-            events, event_count = events_of(parsed, silver), int(counts["events"])
-            if silver.format == "debezium" and event_count:
-                deduplicated, event_count = self._without_redelivered(events, event_count, batch_id)
-                events = deduplicated
-            has_deletes = counts["deletes"] > 0 or counts["truncates"] > 0
-            truncated_at = truncated_before(events) if counts["truncates"] else None
-            if self.transform is not None and silver.transform is not None and event_count:
-                transformed, event_count = materialize(
-                    apply_transform(
-                        self.transform,
-                        silver.transform,
-                        events,
-                        self.spec.name,
-                        batch_id,
-                        columns=(*self.row_columns, *EVENT_METADATA),
-                    ),
-                    silver.transform,
-                    self.spec.name,
-                    batch_id,
-                )
-                events = transformed
-                has_deletes = True  # the transform may have made deletes: let the MERGE see
+            events, event_count, truncated_at = self._events(parsed, counts, batch_id, held)
+            has_deletes = counts["deletes"] > 0 or truncated_at is not None
+            has_deletes |= silver.transform is not None  # it may make deletes: the MERGE sees
             writes: list[TableWrite] = []
             # The current table first: it is what readers wait for (freshness), and it reads
             # only this batch's events; history recomputes from the events table, so it comes
@@ -407,8 +392,8 @@ class SilverStage(SilverDesign, QueryStage):
             quality = batch_quality(counts, expectations, event_count, columns_added)
         finally:
             release(parsed)
-            release(transformed)
-            release(deduplicated)
+            for frame in held:
+                release(frame)
         roles = {table.id: role for role, (table, _) in self.written.items()}
         commit = BatchCommit(
             flow=self.spec.name,
@@ -426,55 +411,78 @@ class SilverStage(SilverDesign, QueryStage):
         self.on_commit(commit)
         return commit
 
-    def _keys(self) -> tuple[str, ...]:
-        """The columns identifying a row: the current table's keys, else the history's."""
-        if self.silver.current is not None:
-            return self.silver.current.keys
-        return self.silver.history_keys if self.silver.history is not None else ()
+    def _parsed_batch(
+        self, bronze_rows: DataFrame, batch_id: int
+    ) -> tuple[DataFrame, dict[str, Any], list[str]]:
+        """The batch parsed and held, its counts, and the columns it evolved into the tables.
 
-    def _carry_unavailable(self, parsed: DataFrame, batch_id: int) -> DataFrame:
-        """``parsed`` with Debezium's unsent TOAST values carried forward (see
-        :func:`pipelines.silver.changes.carry_unavailable`)."""
-        stored = parsed.sparkSession.read.format("delta").load(self.events_path)
-        columns = changes.unavailable_columns(parsed)
-        return changes.carry_unavailable(parsed, stored, self._keys(), columns, batch_id)
+        Parsed again (from the held rows' bytes) when it holds Debezium's TOAST placeholders, to
+        carry the stored values into them before the expectations judge the rows, and when it
+        evolved columns. A ``fail`` expectation or schema-change policy raises here, before any
+        write."""
+        parsed = hold(self._parse(bronze_rows, batch_id))
+        columns_added: list[str] = []
+        unsent: list[str] = []
+        try:
+            counts = self._count(parsed)
+            if counts.get("unavailable"):
+                unsent = changes.unavailable_columns(parsed)
+                parsed, counts = self._parse_again(parsed, batch_id, unsent)
+            self._raise_failures(counts, batch_id)  # before any write, evolving included
+            undeclared = list(counts.get("undeclared_columns") or [])
+            if undeclared:
+                columns_added = self._evolve(parsed, undeclared, batch_id)
+                if columns_added:  # parse the batch again, with the new columns
+                    parsed, counts = self._parse_again(parsed, batch_id, unsent)
+        except BaseException:
+            release(parsed)
+            raise
+        return parsed, counts, columns_added
 
-    def _without_redelivered(
-        self, events: DataFrame, total: int, batch_id: int
-    ) -> tuple[DataFrame, int]:
-        """The batch's events without the changes Debezium delivered again, held, and their
-        number (see :func:`pipelines.silver.changes.without_redelivered`)."""
-        spark = events.sparkSession
-        keys = self._keys()
-        stored_sequences = None
-        if self.current_path is not None and self.deleted_path is not None:
-            stored_sequences = (
-                spark.read.format("delta").load(self.current_path).select(*keys, "_sequence")
-            ).unionByName(
-                spark.read.format("delta").load(self.deleted_path).select(*keys, "_sequence")
-            )
-        values = [c for c in self.row_columns if c not in keys]
-        kept = hold(
-            changes.without_redelivered(
-                events,
-                spark.read.format("delta").load(self.events_path),
-                stored_sequences,
-                keys,
-                values,
-                batch_id,
-            )
-        )
-        count = kept.count()
-        if count < total:
-            log.warning(
-                "flow %s: silver batch %d: %d of its %d changes were delivered again by the "
-                "connector (same key, LSN and op, or the same snapshot read): stored once",
+    def _parse_again(
+        self, parsed: DataFrame, batch_id: int, unsent: Sequence[str]
+    ) -> tuple[DataFrame, dict[str, Any]]:
+        """The batch parsed again from ``parsed``'s bronze rows (released), and its counts."""
+        raw: list[DataFrame] = []
+        try:
+            again = hold(self._parse(bronze_rows_of(parsed), batch_id, unsent=unsent, held=raw))
+        finally:
+            release(parsed)
+            for frame in raw:
+                release(frame)
+        return again, self._count(again)
+
+    def _events(
+        self, parsed: DataFrame, counts: dict[str, Any], batch_id: int, held: list[DataFrame]
+    ) -> tuple[DataFrame, int, object | None]:
+        """The batch's events as the tables get them (transformed, then without the changes
+        Debezium delivered again), their number, and the sequence of its last TRUNCATE (None
+        without one). Frames held on the way are added to ``held``."""
+        silver = self.silver
+        events, event_count = events_of(parsed, silver), int(counts["events"])
+        if self.transform is not None and silver.transform is not None and event_count:
+            events, event_count = materialize(
+                apply_transform(
+                    self.transform,
+                    silver.transform,
+                    events,
+                    self.spec.name,
+                    batch_id,
+                    columns=(*self.row_columns, *EVENT_METADATA),
+                ),
+                silver.transform,
                 self.spec.name,
                 batch_id,
-                total - count,
-                total,
             )
-        return kept, count
+            held.append(events)
+        if silver.format == "debezium" and event_count:
+            events, kept = self._without_redelivered(events, event_count, batch_id)
+            held.append(events)
+            counts["events"], counts["passed"] = kept, counts["passed"] - (event_count - kept)
+            counts["ignored"] += event_count - kept  # delivered again: counted, not stored
+            event_count = kept
+        truncated_at = truncated_before(events) if counts["truncates"] else None
+        return events, event_count, truncated_at
 
     def _merge(
         self,
@@ -555,11 +563,6 @@ class SilverStage(SilverDesign, QueryStage):
             ]
         finally:
             release(changes)
-
-    def _truncates(self, in_batch: bool) -> history_state.Truncates:
-        if self.silver.format != "debezium" or self.silver.debezium.truncate != "apply":
-            return history_state.Truncates.NONE
-        return history_state.Truncates.IN_BATCH if in_batch else history_state.Truncates.STORED
 
     def _merge_into(
         self,

@@ -79,6 +79,11 @@ def test_resent_changes_unsent_values_and_a_truncate(
                     "format": "debezium",
                     "schema": "id INT, qty INT, note STRING",
                     "debezium": {"truncate": "apply"},
+                    # Judged after the unsent values are carried, and never on a TRUNCATE.
+                    "expectations": [
+                        {"name": "noted", "expr": "note IS NOT NULL", "action": "drop"},
+                        {"name": "counted", "expr": "qty >= 0", "action": "fail"},
+                    ],
                     "events": {"table": "dbz_item_events"},
                     "quarantine": {"table": "dbz_items_quarantine"},
                     "current": {"table": "dbz_items", "keys": ["id"]},
@@ -150,3 +155,10 @@ def test_resent_changes_unsent_values_and_a_truncate(
     ]  # fmt: skip
     truncates = [e for e in rows(settings, "dbz_item_events") if e["_op"] == "t"]
     assert [(t["id"], t["_source_lsn"]) for t in truncates] == [(None, 200)]
+
+    # Run 4: the worker restarted again and re-sends from before the TRUNCATE: nothing is new.
+    produce(bootstrap, [(3, change("c", 150, 3, {"qty": 3, "note": "c"})), *third])
+    run(spec, settings, spark)
+    assert len(rows(settings, "dbz_item_events")) == len(events) + len(third)
+    current = {r["id"]: (r["qty"], r["note"]) for r in rows(settings, "dbz_items")}
+    assert current == {4: (4, "d")}

@@ -11,8 +11,8 @@ writing the events table, the quarantine and the current-state table (keyed by `
 ``_source_lsn``), all under ``<lake>/silver/``. delta-rs reads the tables, independently of Spark.
 
 1. :func:`test_silver_current_state_equals_model_under_chaos`: one ``available_now`` run over the
-   whole stream; the current table equals the model, the events table holds every delivered
-   change event (duplicates included) once, the quarantine every bad record with its reason.
+   whole stream; the current table equals the model, the events table holds every change event
+   once however often it was delivered, the quarantine every bad record with its reason.
 2. :func:`test_kill_during_merge_batches_replays_nothing`: the application is SIGKILLed during
    silver batches, once after a batch's MERGE committed and before the batch's commit-log entry
    (the window exactly-once depends on; helpers in :mod:`tests.support.chaos` pause the process
@@ -296,11 +296,12 @@ def _interval(version: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_events(paths: SilverPaths, stream: CdcStream) -> None:
-    """Every delivered change event once (a duplicate delivery is a second event), no tombstone."""
+    """Every change event once, however often it was delivered (a change is its key, op and
+    position: pipelines/silver/changes.py), no tombstone."""
     table = rows(paths.events, ["id", "_op", "_sequence", "_source_lsn", "_event_date"])
-    assert len(table) == delivered_changes(stream.delivered)
+    assert delivered_changes(stream.delivered) > len(table), "some changes were delivered twice"
     landed = Counter((r["id"], r["_op"], r["_source_lsn"]) for r in table)
-    sent = Counter((e.id, e.op, e.lsn) for e in stream.delivered if not e.tombstone)
+    sent = Counter({(e.id, e.op, e.lsn): 1 for e in stream.delivered if not e.tombstone})
     assert landed == sent, (
         f"missing {list((sent - landed).items())[:5]}, extra {list((landed - sent).items())[:5]}"
     )

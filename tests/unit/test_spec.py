@@ -339,6 +339,16 @@ def test_silver_needs_a_kafka_source() -> None:
         parse_spec(data, where="flows/x.yaml")
 
 
+def test_an_applied_truncate_needs_a_flow_of_one_topic() -> None:
+    """A TRUNCATE empties every row of the flow: of several tables (shards) only its own."""
+    data = silver_spec(debezium={"truncate": "apply"}, current={"table": "c", "keys": ["id"]})
+    assert parse_spec(data).silver.debezium.truncate == "apply"
+    for source in ({"topics": ["a", "b"]}, {"pattern": "shard.*"}):
+        data["source"] = {"kind": "kafka", **source}
+        with pytest.raises(SpecError, match=r"silver.debezium.truncate: .* must read one table"):
+            parse_spec(data)
+
+
 def test_json_format_may_delete_by_condition() -> None:
     current = {**CURRENT, "delete_when": "name = 'deleted'"}
     spec = parse_spec(silver_spec(format="json", current=current))
