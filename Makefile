@@ -108,8 +108,11 @@ connect-stop: ## Stop the Connect worker; drop every connector's replication slo
 connect-status: ## Show the Connect worker's state and its connectors' task states
 	$(PY) platform/connect/worker.py status
 
-demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster
+demo: broker-start ## Run the demo: events to Kafka + files, through bronze, silver and gold by Dagster; then a real PostgreSQL through Debezium
 	@$(MAKE) --no-print-directory demo-steps
+	@echo; echo "== PostgreSQL and a Kafka Connect worker with Debezium's PostgreSQL connector start"
+	@$(PY) platform/postgres/server.py start > /dev/null && $(PY) platform/connect/worker.py start > /dev/null
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) platform/demo/cdc/run.py
 
 demo-s3: broker-start s3-start ## The demo with every table, checkpoint, lease and status file on the local S3 store
 	@echo "== the same flows, with every table, checkpoint, lease and status file on the local S3 store"
