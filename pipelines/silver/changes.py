@@ -31,6 +31,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipelines.held import hold, release
+from pipelines.silver.current import truncate_floor
 from pipelines.silver.parse import REASONS, TRUNCATE, UNAVAILABLE, parsed_event
 
 #: A change's identity in the events table (see the module doc), per row.
@@ -59,13 +60,18 @@ def change_identity(values: Sequence[str]) -> Column:
     snapshot read ``r:`` and a hash of ``values`` (the row as read). An event without a
     ``_source_lsn`` (connectors other than PostgreSQL's) is only itself, by its coordinates:
     Conflux does not deduplicate their changes."""
-    row = F.to_json(F.struct(*(F.col(c) for c in values)))
     coordinates = F.concat_ws("/", *(F.col(c).cast("string") for c in _COORDINATES))
     return (
         F.when(F.col("_source_lsn").isNull(), F.concat(F.lit("@"), coordinates))
-        .when(F.col("_op") == "r", F.concat(F.lit("r:"), F.xxhash64(row).cast("string")))
+        .when(F.col("_op") == "r", _as_read(values))
         .otherwise(F.concat(F.col("_op"), F.lit(":"), F.col("_source_lsn").cast("string")))
     )
+
+
+def _as_read(values: Sequence[str]) -> Column:
+    """A row's identity as a snapshot read of it: ``r:`` and a hash of its ``values``."""
+    row = F.to_json(F.struct(*(F.col(c) for c in values)))
+    return F.concat(F.lit("r:"), F.xxhash64(row).cast("string"))
 
 
 def _same_key(keys: Sequence[str], left: DataFrame, right: DataFrame) -> Column:
@@ -77,10 +83,6 @@ def _and(*conditions: Column) -> Column:
     for condition in conditions[1:]:
         result = result & condition
     return result
-
-
-def _all_null(keys: Sequence[str]) -> Column:
-    return _and(F.lit(True), *(F.col(k).isNull() for k in keys))
 
 
 def without_redelivered(
@@ -142,7 +144,7 @@ def _with_stored_sequence(
         .groupBy(*keys)
         .agg(F.max("_sequence").alias(_STORED_SEQUENCE))
     )
-    floor = stored_sequences.where(_all_null(keys)).agg(F.max("_sequence").alias("_floor"))
+    floor = truncate_floor(stored_sequences, keys, "_floor")
     joined = unique.join(stored, list(keys), "left").crossJoin(F.broadcast(floor))
     held_key = F.col(_STORED_SEQUENCE).isNotNull() & (
         (F.col("_op") == "r") | (F.col("_sequence") <= F.col(_STORED_SEQUENCE))
@@ -190,7 +192,6 @@ def _known_changes(
         *(F.col(c).desc() for c in ("_sequence", "_source_partition", "_source_offset"))
     )
     cut = truncates.agg(F.max("_sequence").alias("_cut"))
-    row = F.to_json(F.struct(*(F.col(c) for c in values)))
     as_read = (
         prior.withColumn("_nth", F.row_number().over(latest))
         .where(F.col("_nth") == 1)
@@ -198,7 +199,7 @@ def _known_changes(
         .where(
             (F.col("_op") != "d") & (F.col("_cut").isNull() | (F.col("_sequence") > F.col("_cut")))
         )
-        .select(*keys, F.concat(F.lit("r:"), F.xxhash64(row).cast("string")).alias(_CHANGE))
+        .select(*keys, _as_read(values).alias(_CHANGE))
     )
     return changes.unionByName(as_read)
 

@@ -148,19 +148,20 @@ def _after_truncate(
     more)."""
     if spec.format != "debezium" or spec.debezium.truncate != "apply":
         return frame
-    keys = list(_current(spec).keys)
-    floor = deleted_keys.where(_all_null(keys)).agg(F.max("_sequence").alias("_truncated_at"))
+    floor = truncate_floor(deleted_keys, _current(spec).keys, "_truncated_at")
     newer = F.col("_truncated_at").isNull() | (F.col("_sequence") > F.col("_truncated_at"))
     if deletes_pass:
         newer = newer | (F.col("_op") == "d")
     return frame.crossJoin(F.broadcast(floor)).where(newer).drop("_truncated_at")
 
 
-def _all_null(keys: Sequence[str]) -> Column:
-    condition = F.lit(True)
+def truncate_floor(deleted_keys: DataFrame, keys: Sequence[str], name: str) -> DataFrame:
+    """One row, column ``name``: the sequence of the flow's last TRUNCATE, the deleted-keys row
+    with null keys (null when it never truncated). Every row older than it is gone."""
+    truncates = deleted_keys
     for key in keys:
-        condition = condition & F.col(key).isNull()
-    return condition
+        truncates = truncates.where(F.col(key).isNull())
+    return truncates.agg(F.max("_sequence").alias(name))
 
 
 def merge_current(
