@@ -42,6 +42,22 @@ TEST_SESSION_JVM_OPTIONS = (
 )
 
 
+#: Spark settings of every Spark the suite runs (its own session, the drivers it launches, the
+#: cluster's executors): expressions evaluated by Spark's interpreter instead of Java source
+#: generated and compiled per plan. The suite's data are a few rows to a few thousand, and nearly
+#: every query plan is new (each test's schemas, each MERGE's conditions), so compiling code for
+#: it (Janino, then the JIT on the compiled classes) costs more CPU than the rows ever need:
+#: ``test_silver_json`` alone, idle machine, 122 s with code generation, 114 s without whole-stage
+#: code only, 92 s with neither (bench/HISTORY.md, "Suite, 2026-11-27 evening"). Both paths are
+#: Spark's own and give the same results (Spark's tests run each expression both ways); nothing
+#: Conflux runs outside the suite sets them: the demo, the benchmarks, ``make chaos`` and the
+#: quick bench the suite runs keep code generation.
+TEST_SPARK_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
 TESTS = Path(__file__).resolve().parent
 #: Seconds each of the slowest modules took in a serial run (bench/HISTORY.md, "Suite after issue
 #: 22"), rounded. pytest-xdist hands modules out in collection order, so the heaviest go first and
@@ -51,7 +67,8 @@ MODULE_SECONDS = {
     "e2e/test_cluster.py": 480,
     "integration/test_gold.py": 280,
     "integration/test_silver.py": 230,
-    "integration/test_debezium_source.py": 60,
+    "integration/test_debezium_source.py": 220,
+    "integration/test_debezium_changes.py": 95,
     "e2e/test_flow_runs.py": 220,
     "integration/test_silver_json.py": 210,
     "integration/test_gold_join.py": 210,
@@ -145,7 +162,11 @@ def spark_settings(kafka_broker: KafkaBroker, tmp_path_factory: pytest.TempPathF
         runtime_dir=runtime_dir,
         kafka_bootstrap_servers=kafka_broker.bootstrap_servers,
         flows_dir=runtime_dir / "flows",
-        spark_conf={DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **load_settings().spark_conf},
+        spark_conf={
+            DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS,
+            **TEST_SPARK_CONF,
+            **load_settings().spark_conf,
+        },
     )
 
 
