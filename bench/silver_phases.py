@@ -49,14 +49,25 @@ PHASES = (
 )
 SNAPSHOT_JOBS = "Compute snapshot"
 HOLD_PHASE = "parse: compute + hold"
+COMPILES = "compiles"
+
+
+def compilations(spark: Any) -> Callable[[], int]:
+    """How many classes Spark's code generator has compiled in this JVM so far (a cache miss
+    each: a plan whose generated source differs from every cached one, e.g. by a literal)."""
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    return lambda: int(metrics.METRIC_COMPILATION_TIME().getCount())
 
 
 class PhaseClock:
-    """Seconds spent in each phase, per batch (the ``batch`` phase starts a new one)."""
+    """Seconds spent in each phase, per batch (the ``batch`` phase starts a new one), and the
+    classes Spark generated and compiled during each batch (``compiles``: a batch whose plans
+    were all compiled before compiles none)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: Callable[[], int] = lambda: 0) -> None:
         self.batches: list[dict[str, float]] = []
         self.open: list[str] = []
+        self.compiled = compiled
 
     @contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -65,13 +76,15 @@ class PhaseClock:
         elif not self.batches:  # the stage designing its tables at start: not a batch
             yield
             return
-        started = time.perf_counter()
+        started, compiled = time.perf_counter(), self.compiled() if phase == "batch" else 0
         self.open.append(phase)
         try:
             yield
         finally:
             self.open.pop()
             self.batches[-1][phase] += time.perf_counter() - started
+            if phase == "batch":
+                self.batches[-1][COMPILES] += self.compiled() - compiled
 
     def patch(self) -> None:
         for method, phase in PHASES:
@@ -172,9 +185,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     create_topic(args.bootstrap, topic, partitions=3)
     spec_file = workdir / "flows" / "phases.yaml"
     spec_file.parent.mkdir(parents=True)
-    clock = PhaseClock()
-    clock.patch()
     spark = get_spark_session("bench-silver-phases", settings, ui=False)
+    clock = PhaseClock(compilations(spark))
+    clock.patch()
     plan = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results: dict[str, Any] = {"plan": plan}
     options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.table_option)}
