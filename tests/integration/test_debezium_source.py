@@ -23,7 +23,7 @@ used, the table is TRUNCATEd and filled again, and a Conflux flow (current state
 ``truncate: apply``, ``new_columns: evolve``) running as its own Spark application is killed -9
 in the middle of a silver batch, then caught up. The truth is PostgreSQL's own: ``SELECT *``
 for the current state, and for the history the row versions an audit trigger recorded.
-Scale: ``CDC_SNAPSHOT_ROWS`` (1,500), ``CDC_CHAOS_CHANGES`` (160 statements of random rounds,
+Scale: ``CDC_SNAPSHOT_ROWS`` (800), ``CDC_CHAOS_CHANGES`` (160 statements of random rounds,
 plus those written while a kill waits; ``make chaos``: 20,000 and 3,000), ``CDC_SEED``.
 
 PostgreSQL runs as Debian's ``postgres`` user when the suite runs as root (as CI does), so its
@@ -352,7 +352,7 @@ def test_deleting_the_connector_drops_its_slot_and_publication(
 CHAOS_CHANGES = int(os.environ.get("CDC_CHAOS_CHANGES", "160"))
 #: Rows of the table's initial snapshot, which the worker is killed in the middle of: enough
 #: that the snapshot takes a few seconds.
-SNAPSHOT_ROWS = int(os.environ.get("CDC_SNAPSHOT_ROWS", "1500"))
+SNAPSHOT_ROWS = int(os.environ.get("CDC_SNAPSHOT_ROWS", "800"))
 CHAOS_SEED = int(os.environ.get("CDC_SEED", "20261127"))
 CHAOS_TABLE = "items"
 CHAOS_CONNECTOR = "chaos_items"
