@@ -23,7 +23,7 @@ UV := uv==0.13.9
 # modules go out in the order tests/conftest.py sorts them (heaviest first, a package at a time).
 PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 
-.PHONY: help setup test-setup jars browser postgres-install dagster-home broker-start broker-stop broker-status \
+.PHONY: help setup jars browser postgres-install dagster-home broker-start broker-stop broker-status \
 	s3-start s3-stop s3-status cluster-start cluster-stop cluster-status postgres-start postgres-stop \
 	postgres-status connect-start connect-stop connect-status demo demo-cdc demo-s3 demo-cluster demo-steps ui test test-unit \
 	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
@@ -39,13 +39,8 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
 	@touch $@
 
-setup: test-setup jvm-archive ## Create the venv, install Python deps, fetch the pinned jars once
+setup: $(STAMP) jars jvm-archive dagster-home browser postgres-install ## Create the venv, install Python deps, fetch the pinned jars once
 	@echo "setup done: runtime folder $(RUNTIME)/, Dagster home $(DAGSTER_HOME)"
-
-# What the tests need: set-up without the JVM class archive, which only makes each Spark start
-# 1-2 s faster. Building it (a training run of Spark) takes 74 s on a fresh machine, more than
-# the suite's ~40 Spark starts win back on two cores; the tests use it when `make setup` built it.
-test-setup: $(STAMP) jars dagster-home browser postgres-install ## What the tests need: set-up without the JVM class archive
 
 jars: $(STAMP) ## Fetch the pinned JVM jars from Maven Central (skipped when up to date)
 	$(PY) platform/jvm/fetch_jars.py
@@ -172,16 +167,16 @@ demo-cdc: connect-start ## The CDC demo: Debezium reads a real PostgreSQL table'
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-test: test-setup ## Run the whole test suite (unit, integration, end-to-end) on every core
+test: setup ## Run the whole test suite (unit, integration, end-to-end) on every core
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-test-unit: test-setup ## Run the unit tests only (no JVM)
+test-unit: setup ## Run the unit tests only (no JVM)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: test-setup ## Run the integration tests (real Spark, Delta, Kafka)
+test-integration: setup ## Run the integration tests (real Spark, Delta, Kafka)
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
-test-e2e: test-setup ## Run the end-to-end tests (Dagster launching real Spark jobs)
+test-e2e: setup ## Run the end-to-end tests (Dagster launching real Spark jobs)
 	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check, then the type checker

@@ -72,6 +72,14 @@ STATE_STORE_CONF: Mapping[str, str] = {
     ),
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
 }
+#: Spark compiles the Java code it generates for a query's operators once per distinct source
+#: and keeps up to ``cache.maxEntries`` classes (default 100). One silver batch of a Debezium flow
+#: with current and history tables plans ~60 jobs whose code is ~300 classes, so with the default
+#: every batch evicted the last one's and compiled all ~300 again: ~3 s of a 9-11 s batch on two
+#: cores (bench/HISTORY.md, "Generated code compiled again every batch"). With room for a few
+#: flows' batches, a steady batch compiles ~5 (those whose code holds a per-batch literal). Each
+#: compiled class stays in the JVM's metaspace (tens of KB): 2,000 of them is ~100 MB at most.
+CODEGEN_CONF: Mapping[str, str] = {"spark.sql.codegen.cache.maxEntries": "2000"}
 DELTA_CONF: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -136,6 +144,7 @@ def spark_conf(settings: Settings, ui: bool = True) -> dict[str, str]:
     conf: dict[str, str] = {
         **SMALL_MACHINE_DEFAULTS,
         **STATE_STORE_CONF,
+        **CODEGEN_CONF,
         **DELTA_CONF,
         **(CLUSTER_DEFAULTS if on_loopback else {}),
         **jar_conf([*jars, *s3_jars], local),
