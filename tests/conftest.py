@@ -47,11 +47,11 @@ TEST_SESSION_JVM_OPTIONS = (
 #: generated and compiled per plan. The suite's data are a few rows to a few thousand, and nearly
 #: every query plan is new (each test's schemas, each MERGE's conditions), so compiling code for
 #: it (Janino, then the JIT on the compiled classes) costs more CPU than the rows ever need:
-#: ``test_silver_json`` alone, idle machine, 122 s with code generation, 114 s without whole-stage
-#: code only, 92 s with neither (bench/HISTORY.md, "Suite, 2026-11-27 evening"). Both paths are
-#: Spark's own and give the same results (Spark's tests run each expression both ways); nothing
-#: Conflux runs outside the suite sets them: the demo, the benchmarks, ``make chaos`` and the
-#: quick bench the suite runs keep code generation.
+#: ``test_silver_json`` alone, idle machine, 122 s with code generation, 114 s without
+#: whole-stage code only, 92 s with neither (bench/HISTORY.md, "Generated code compiled again
+#: every batch"). Both paths are Spark's own and give the same results (Spark's tests run each
+#: expression both ways); nothing Conflux runs outside the suite sets them: the demo, the
+#: benchmarks, ``make chaos`` and the quick bench the suite runs keep code generation.
 TEST_SPARK_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
