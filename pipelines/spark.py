@@ -77,7 +77,7 @@ STATE_STORE_CONF: Mapping[str, str] = {
 #: with current and history tables plans ~60 jobs whose code is ~300 classes, so with the default
 #: every batch evicted the last one's and compiled all ~300 again: ~3 s of a 9-11 s batch on two
 #: cores (bench/HISTORY.md, "Generated code compiled again every batch"). With room for a few
-#: flows' batches, a steady batch compiles ~5 (those whose code holds a per-batch literal). Each
+#: flows' batches, a steady batch compiles ~5 (code that differs between batches; not traced). Each
 #: compiled class stays in the JVM's metaspace (tens of KB): 2,000 of them is ~100 MB at most.
 CODEGEN_CONF: Mapping[str, str] = {"spark.sql.codegen.cache.maxEntries": "2000"}
 DELTA_CONF: Mapping[str, str] = {

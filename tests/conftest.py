@@ -56,6 +56,9 @@ TEST_SPARK_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+#: The Spark settings of the drivers the suite launches (and of its own session, whose JVM options
+#: the ``spark`` fixture replaces): the two above together.
+TEST_DRIVER_CONF = {DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **TEST_SPARK_CONF}
 
 
 TESTS = Path(__file__).resolve().parent
@@ -162,11 +165,7 @@ def spark_settings(kafka_broker: KafkaBroker, tmp_path_factory: pytest.TempPathF
         runtime_dir=runtime_dir,
         kafka_bootstrap_servers=kafka_broker.bootstrap_servers,
         flows_dir=runtime_dir / "flows",
-        spark_conf={
-            DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS,
-            **TEST_SPARK_CONF,
-            **load_settings().spark_conf,
-        },
+        spark_conf={**TEST_DRIVER_CONF, **load_settings().spark_conf},
     )
 
 

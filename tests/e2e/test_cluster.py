@@ -52,7 +52,7 @@ from pipelines.catalog.state import FlowState
 from pipelines.location import Location
 from pipelines.settings import PROJECT_ROOT, Settings, load_settings
 from pipelines.spec import load_spec
-from tests.conftest import DEFAULT_JAVA_OPTIONS, TEST_DRIVER_JVM_OPTIONS, TEST_SPARK_CONF
+from tests.conftest import TEST_DRIVER_CONF, TEST_DRIVER_JVM_OPTIONS
 from tests.integration.test_bronze_exactly_once import write_spec
 from tests.integration.test_gold import AGGREGATES, ORDER_SCHEMA, TEN, order, send
 from tests.integration.test_silver import (
@@ -146,7 +146,7 @@ def cluster_env(
     saved.parent.mkdir(exist_ok=True)  # the store runs from the module's own runtime folder
     shutil.copy2(s3_store.runtime_dir / "s3" / "credentials.json", saved)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONFLUX_", "AWS_"))}
-    jvm = {DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **TEST_SPARK_CONF}
+    jvm = dict(TEST_DRIVER_CONF)
     jvm["spark.executor.defaultJavaOptions"] = TEST_DRIVER_JVM_OPTIONS  # short-lived executors
     env.update(
         CONFLUX_PROFILE="cluster",
