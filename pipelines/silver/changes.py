@@ -26,9 +26,11 @@ Debezium delivers at least once, and not always whole rows. Three things follow,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from pipelines.held import hold, release
 from pipelines.silver.current import truncate_floor
@@ -85,6 +87,51 @@ def _and(*conditions: Column) -> Column:
     return result
 
 
+#: Sequence types whose order Python's comparison reproduces (Spark orders strings by their
+#: UTF-8 bytes, which is code-point order; a NaN compares false both ways: never "newer").
+_ORDERED_IN_PYTHON = (T.NumericType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The highest ``_sequence`` the current table and its deleted keys hold (``value`` None: they
+    hold none), known to the process that writes them: see :func:`without_redelivered`."""
+
+    value: object | None
+
+    def after(self, highest: object | None) -> Stored | None:
+        """What is stored once a batch whose highest sequence is ``highest`` is written (its
+        MERGE may store less: an over-estimate only sends a batch down the lookup path); None
+        (unknown) when the two cannot be compared."""
+        if highest is None:
+            return self
+        if self.value is None or _greater(highest, self.value):
+            return Stored(highest)
+        return self if type(highest) is type(self.value) else None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What :func:`without_redelivered` keeps of a batch: ``events`` (the batch's columns),
+    their ``count``, the held frame(s) they read, to release when the batch is done (``events``
+    may be a projection of a held frame, which :func:`pipelines.held.release` does not free by
+    itself), the highest sequence among them (None without any, or when the sequence's type
+    is not one :class:`Stored` can compare), and whether every one is newer than anything stored
+    (``in_order``: the history then continues its open versions, see
+    :func:`pipelines.silver.history.history_changes`)."""
+
+    events: DataFrame
+    count: int
+    held: tuple[DataFrame, ...]
+    highest: object | None = None
+    in_order: bool = False
+
+
+def ordered_in_python(events: DataFrame) -> bool:
+    """Whether the events' ``_sequence`` can be compared in the driver (:class:`Stored`)."""
+    return isinstance(events.schema["_sequence"].dataType, _ORDERED_IN_PYTHON)
+
+
 def without_redelivered(
     events: DataFrame,
     stored_events: DataFrame,
@@ -92,21 +139,28 @@ def without_redelivered(
     keys: Sequence[str],
     values: Sequence[str],
     batch_id: int,
-) -> DataFrame:
-    """``events`` (one batch's, parsed) without the changes Debezium delivered again, held
-    (:func:`pipelines.held.hold`: release it when the batch is done).
+    stored: Stored | None = None,
+) -> Kept:
+    """``events`` (one batch's, parsed) without the changes Debezium delivered again, held.
 
     Within the batch, the first record of each change counts (lowest partition and offset).
     Against the events table, only *candidates* are looked up: events whose key the current
     table or its deleted keys (``stored_sequences``: keys and ``_sequence``) hold at their
     sequence or later, events not newer than a stored TRUNCATE (the deleted keys' row with null
     keys), snapshot reads of stored keys and TRUNCATEs. A fresh change is newer than anything
-    stored for its key: a batch without candidates reads the events table not at all (one small
-    job over the batch says so). Without a current table (``stored_sequences`` None) every event
-    is a candidate. The events table's rows from this same batch id (a replay after a crash
-    between the writes) are not duplicates of it; the writes of the batch only ever raise
-    stored sequences, so a replay finds the same candidates or more, and decides each from the
-    events table as it was before the batch.
+    stored for its key: a batch without candidates reads the events table not at all. Without a
+    current table (``stored_sequences`` None) every event is a candidate.
+
+    ``stored``, when the caller knows it (the highest sequence in ``stored_sequences``, or more):
+    a batch of changes (no snapshot reads, no TRUNCATE) all newer than it has no candidate, and
+    is decided without reading the stored sequences at all (two small jobs over the batch: the
+    steady state of a stream, whose every change is newer than the last). Otherwise the stored
+    sequences of the batch's keys are joined to it, held, and counted.
+
+    The events table's rows from this same batch id (a replay after a crash between the writes)
+    are not duplicates of it; the writes of the batch only ever raise stored sequences, so a
+    replay finds the same candidates or more, and decides each from the events table as it was
+    before the batch.
     """
     shared = [c for c in values if c in events.columns and c in stored_events.columns]
     identified = events.withColumn(_CHANGE, change_identity(shared))
@@ -114,23 +168,73 @@ def without_redelivered(
     unique = (
         identified.withColumn("_nth", F.row_number().over(first))
         .where(F.col("_nth") == 1)
-        .drop("_nth")
+        .drop("_nth", _CHANGE)
     )
     if stored_sequences is None:
-        return hold(
-            _not_stored(unique, stored_events, keys, shared, batch_id).select(*events.columns)
-        )
-    joined = hold(_with_stored_sequence(unique, stored_sequences, keys))
+        kept = hold(_not_stored(unique.withColumn(_CHANGE, change_identity(shared)),
+                                stored_events, keys, shared, batch_id).select(*events.columns))  # fmt: skip
+        return Kept(kept, kept.count(), (kept,))
+    unique = hold(unique.select(*events.columns))
+    try:
+        tally = _tally(unique, ordered_in_python(events))
+        if stored is not None and tally.newer_than(stored):
+            return Kept(unique, tally.rows, (unique,), tally.highest, in_order=True)
+        joined = hold(_with_stored_sequence(unique, stored_sequences, keys))
+    except BaseException:
+        release(unique)
+        raise
+    release(unique)
     try:
         candidate = F.coalesce(F.col("_candidate"), F.lit(False))
         fresh = joined.where(~candidate).drop("_candidate")
         candidates = joined.where(candidate).drop("_candidate")
-        if candidates.isEmpty():
-            return hold(fresh.select(*events.columns))
-        new = _not_stored(candidates, stored_events, keys, shared, batch_id)
-        return hold(fresh.drop(_CHANGE).unionByName(new).select(*events.columns))
-    finally:
+        if candidates.isEmpty():  # every change is fresh: the held join is the answer
+            return Kept(fresh.select(*events.columns), tally.rows, (joined,), tally.highest)
+        new = _not_stored(candidates.withColumn(_CHANGE, change_identity(shared)),
+                          stored_events, keys, shared, batch_id)  # fmt: skip
+        kept = hold(fresh.unionByName(new).select(*events.columns))
+    except BaseException:
         release(joined)
+        raise
+    release(joined)
+    return Kept(kept, kept.count(), (kept,), tally.highest)
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """One job's look at a batch's unique changes (see :func:`_tally`)."""
+
+    rows: int
+    lowest: object | None
+    highest: object | None
+    unordered: int  # snapshot reads and TRUNCATEs: decided by key and values, not by sequence
+
+    def newer_than(self, stored: Stored) -> bool:
+        """Whether every change is newer than anything stored (so none is a candidate)."""
+        if self.unordered:
+            return False
+        return self.rows == 0 or stored.value is None or _greater(self.lowest, stored.value)
+
+
+def _greater(value: object | None, than: object) -> bool:
+    """``value > than`` for two sequences of one type the driver orders as Spark does."""
+    return (
+        value is not None and type(value) is type(than) and bool(value > than)  # type: ignore[operator]
+    )
+
+
+def _tally(unique: DataFrame, ordered: bool) -> _Tally:
+    """The batch's row count, its lowest and highest sequence (None when ``ordered`` is false:
+    the driver cannot compare them) and its snapshot reads and TRUNCATEs: one job."""
+    sequence = F.col("_sequence") if ordered else F.lit(None)
+    row = unique.agg(
+        F.count(F.lit(1)),
+        F.min(sequence),
+        F.max(sequence),
+        F.count(F.when(F.col("_op").isin("r", TRUNCATE), 1)),
+    ).first()
+    assert row is not None  # a global aggregate has one row
+    return _Tally(int(row[0]), row[1], row[2], int(row[3]))
 
 
 def _with_stored_sequence(

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from pipelines.silver import changes
 from pipelines.silver import history as history_state
@@ -25,6 +26,9 @@ class SilverChanges:
     events_path: str
     current_path: str | None
     deleted_path: str | None
+    #: The highest sequence the current table and its deleted keys hold, as this process wrote
+    #: them (None: not known yet). See :func:`pipelines.silver.changes.without_redelivered`.
+    _stored: changes.Stored | None = None
 
     def _keys(self) -> tuple[str, ...]:
         """The columns identifying a row: the current table's keys, else the history's."""
@@ -45,11 +49,9 @@ class SilverChanges:
         stored = parsed.sparkSession.read.format("delta").load(self.events_path)
         return changes.carry_unavailable(parsed, stored, self._keys(), columns, batch_id)
 
-    def _without_redelivered(
-        self, events: DataFrame, total: int, batch_id: int
-    ) -> tuple[DataFrame, int]:
-        """The batch's events without the changes Debezium delivered again, held, and their
-        number (see :func:`pipelines.silver.changes.without_redelivered`)."""
+    def _without_redelivered(self, events: DataFrame, total: int, batch_id: int) -> changes.Kept:
+        """The batch's events without the changes Debezium delivered again, held, their number
+        and the frames to release (see :func:`pipelines.silver.changes.without_redelivered`)."""
         spark = events.sparkSession
         keys = self._keys()
         stored_sequences = None
@@ -60,6 +62,8 @@ class SilverChanges:
                 spark.read.format("delta").load(self.deleted_path).select(*keys, "_sequence")
             )
         values = [c for c in self.row_columns if c not in keys]
+        if self._stored is None and stored_sequences is not None:
+            self._stored = self._highest_stored(events, stored_sequences)
         kept = changes.without_redelivered(
             events,
             spark.read.format("delta").load(self.events_path),
@@ -67,8 +71,11 @@ class SilverChanges:
             keys,
             values,
             batch_id,
+            self._stored,
         )
-        count = kept.count()
+        # Raised before the batch writes: a batch run again after a failure is looked up.
+        self._stored = self._stored.after(kept.highest) if self._stored is not None else None
+        count = kept.count
         if count < total:
             log.warning(
                 "flow %s: silver batch %d: %d of its %d changes were delivered again by the "
@@ -78,7 +85,18 @@ class SilverChanges:
                 total - count,
                 total,
             )
-        return kept, count
+        return kept
+
+    @staticmethod
+    def _highest_stored(events: DataFrame, stored_sequences: DataFrame) -> changes.Stored | None:
+        """What the tables hold, read once per process (a scan of one column). Only this
+        process adds changes to them while it holds the flow's lease (a full refresh is a run of
+        its own, under the lease; maintenance only rewrites files), so from then on it keeps the
+        figure itself (:meth:`pipelines.silver.changes.Stored.after`)."""
+        if not changes.ordered_in_python(events):
+            return None
+        row = stored_sequences.agg(F.max("_sequence")).first()
+        return changes.Stored(row[0] if row is not None else None)
 
     def _truncates(self, in_batch: bool) -> history_state.Truncates:
         if self.silver.format != "debezium" or self.silver.debezium.truncate != "apply":
