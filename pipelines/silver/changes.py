@@ -87,9 +87,11 @@ def _and(*conditions: Column) -> Column:
     return result
 
 
-#: Sequence types whose order Python's comparison reproduces (Spark orders strings by their
-#: UTF-8 bytes, which is code-point order; a NaN compares false both ways: never "newer").
-_ORDERED_IN_PYTHON = (T.NumericType, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType)
+#: Sequence types whose order Python's comparison reproduces: numbers, dates, timestamps without
+#: a time zone, and strings of the binary collation (UTF-8 bytes sort in code-point order).
+#: Not TIMESTAMP: PySpark returns it as the driver's naive local time, whose order a daylight-
+#: saving change breaks. A NaN compares false both ways, so it is never "newer" (see ``after``).
+_ORDERED_IN_PYTHON = (T.NumericType, T.StringType, T.DateType, T.TimestampNTZType)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ class Stored:
             return self
         if self.value is None or _greater(highest, self.value):
             return Stored(highest)
-        return self if type(highest) is type(self.value) else None
+        if type(highest) is type(self.value) and bool(highest <= self.value):  # type: ignore[operator]
+            return self
+        return None  # not comparable (a NaN, say): read from the tables again
 
 
 @dataclass(frozen=True)
@@ -115,21 +119,21 @@ class Kept:
     """What :func:`without_redelivered` keeps of a batch: ``events`` (the batch's columns),
     their ``count``, the held frame(s) they read, to release when the batch is done (``events``
     may be a projection of a held frame, which :func:`pipelines.held.release` does not free by
-    itself), the highest sequence among them (None without any, or when the sequence's type
-    is not one :class:`Stored` can compare), and whether every one is newer than anything stored
-    (``in_order``: the history then continues its open versions, see
-    :func:`pipelines.silver.history.history_changes`)."""
+    itself), and the highest sequence among them (None without any, or when the sequence's
+    type is not one :class:`Stored` can compare)."""
 
     events: DataFrame
     count: int
     held: tuple[DataFrame, ...]
     highest: object | None = None
-    in_order: bool = False
 
 
 def ordered_in_python(events: DataFrame) -> bool:
     """Whether the events' ``_sequence`` can be compared in the driver (:class:`Stored`)."""
-    return isinstance(events.schema["_sequence"].dataType, _ORDERED_IN_PYTHON)
+    kind = events.schema["_sequence"].dataType
+    if isinstance(kind, T.StringType):
+        return kind.collation == "UTF8_BINARY"
+    return isinstance(kind, _ORDERED_IN_PYTHON)
 
 
 def without_redelivered(
@@ -173,12 +177,12 @@ def without_redelivered(
     if stored_sequences is None:
         kept = hold(_not_stored(unique.withColumn(_CHANGE, change_identity(shared)),
                                 stored_events, keys, shared, batch_id).select(*events.columns))  # fmt: skip
-        return Kept(kept, kept.count(), (kept,))
+        return _counted(kept)
     unique = hold(unique.select(*events.columns))
     try:
         tally = _tally(unique, ordered_in_python(events))
         if stored is not None and tally.newer_than(stored):
-            return Kept(unique, tally.rows, (unique,), tally.highest, in_order=True)
+            return Kept(unique, tally.rows, (unique,), tally.highest)
         joined = hold(_with_stored_sequence(unique, stored_sequences, keys))
     except BaseException:
         release(unique)
@@ -197,11 +201,20 @@ def without_redelivered(
         release(joined)
         raise
     release(joined)
-    return Kept(kept, kept.count(), (kept,), tally.highest)
+    return _counted(kept, tally.highest)
+
+
+def _counted(kept: DataFrame, highest: object | None = None) -> Kept:
+    """``kept`` (held) as :class:`Kept`, counted; released if the count fails."""
+    try:
+        return Kept(kept, kept.count(), (kept,), highest)
+    except BaseException:
+        release(kept)
+        raise
 
 
 @dataclass(frozen=True)
-class _Tally:
+class Tally:
     """One job's look at a batch's unique changes (see :func:`_tally`)."""
 
     rows: int
@@ -223,7 +236,7 @@ def _greater(value: object | None, than: object) -> bool:
     )
 
 
-def _tally(unique: DataFrame, ordered: bool) -> _Tally:
+def _tally(unique: DataFrame, ordered: bool) -> Tally:
     """The batch's row count, its lowest and highest sequence (None when ``ordered`` is false:
     the driver cannot compare them) and its snapshot reads and TRUNCATEs: one job."""
     sequence = F.col("_sequence") if ordered else F.lit(None)
@@ -234,7 +247,7 @@ def _tally(unique: DataFrame, ordered: bool) -> _Tally:
         F.count(F.when(F.col("_op").isin("r", TRUNCATE), 1)),
     ).first()
     assert row is not None  # a global aggregate has one row
-    return _Tally(int(row[0]), row[1], row[2], int(row[3]))
+    return Tally(int(row[0]), row[1], row[2], int(row[3]))
 
 
 def _with_stored_sequence(

@@ -16,9 +16,7 @@ compares them with the rows the history table holds for those keys, and MERGEs t
 updated and one version is inserted; a change arriving late, inside an older version's interval,
 splits that version and fixes its neighbours' intervals, with no special path. The price: every
 batch scans the whole events table (column-pruned, no key pruning yet) and recomputes the touched
-keys' versions; bench/HISTORY.md has the figures. A batch the caller knows to be in order (every
-change newer than anything stored) skips both: only the open versions can change, and they are
-continued from the history table itself (``in_order`` of :func:`history_changes`).
+keys' versions; bench/HISTORY.md has the figures.
 
 The MERGE runs under the batch's transaction id, like the current table's, so a replayed batch
 changes nothing; on a replay the recomputation reads the same events and the MERGE is skipped.
@@ -183,7 +181,6 @@ def history_changes(
     stored: DataFrame,
     plan: HistoryPlan,
     truncates: Truncates = Truncates.NONE,
-    in_order: bool = False,
 ) -> DataFrame:
     """The rows to upsert into and delete from the history table for the batch's keys.
 
@@ -194,20 +191,9 @@ def history_changes(
     A TRUNCATE (an event with null keys) is a delete of every key: with ``truncates`` not
     ``NONE``, each key's events include every truncate of the events table, and a batch that
     truncates (``IN_BATCH``) touches every key with an open version too.
-
-    ``in_order``: the caller knows every change of the batch is newer than every stored event
-    (no TRUNCATE among them). A key's versions up to its open one are then what they were, and
-    only the open version can change: the recomputation reads, instead of the events table, each
-    touched key's open version (as one event carrying its values, at its ``_valid_from``)
-    followed by the batch's changes, and compares with the open versions only. The same rows
-    come out as from the whole recomputation (test_silver_json.py checks it on random changes).
     """
     keys = list(plan.keys)
     touched = batch_events.where(F.col("_op") != TRUNCATE).select(*keys).distinct()
-    if in_order:
-        held = stored.where(F.col("_is_current")).join(F.broadcast(touched), keys, "left_semi")
-        events = batch_events.unionByName(_as_event(held, plan), allowMissingColumns=True)
-        return _compared(versions_of(events, plan), held, plan)
     if truncates is Truncates.IN_BATCH:  # every open version: maybe every key, not broadcast
         opened = stored.where(F.col("_is_current")).select(*keys)
         touched = touched.unionByName(opened).distinct()
@@ -217,24 +203,8 @@ def history_changes(
     if truncates is not Truncates.NONE:
         cuts = all_events.where(F.col("_op") == TRUNCATE).drop(*keys)
         events = events.unionByName(F.broadcast(cuts).crossJoin(touched))
-    return _compared(versions_of(events, plan), stored.join(touched, keys, "left_semi"), plan)
-
-
-def _as_event(open_versions: DataFrame, plan: HistoryPlan) -> DataFrame:
-    """Open versions as the events :func:`versions_of` reads: one change each, at the version's
-    start, carrying its values (its Kafka coordinates null)."""
-    return open_versions.select(
-        *plan.keys,
-        *plan.values,
-        F.col("_valid_from").alias("_sequence"),
-        F.col("_valid_from_time").alias("_event_time"),
-        F.lit("u").alias("_op"),
-    )
-
-
-def _compared(recomputed: DataFrame, held: DataFrame, plan: HistoryPlan) -> DataFrame:
-    """The ``_action`` rows that make the stored versions ``held`` the ``recomputed`` ones."""
-    keys = list(plan.keys)
+    recomputed = versions_of(events, plan)
+    held = stored.join(touched, keys, "left_semi")
     compared = [*plan.values, "_valid_to", "_valid_from_time", "_valid_to_time", "_is_current"]
     new = recomputed.select(
         *keys, "_valid_from", F.struct(*compared).alias("_new"), F.lit(True).alias("_in_new")

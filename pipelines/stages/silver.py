@@ -370,9 +370,7 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
         try:
             silver = self.silver
             expectations = silver.expectations
-            events, event_count, truncated_at, in_order = self._events(
-                parsed, counts, batch_id, held
-            )
+            events, event_count, truncated_at = self._events(parsed, counts, batch_id, held)
             has_deletes = counts["deletes"] > 0 or truncated_at is not None
             has_deletes |= silver.transform is not None  # it may make deletes: the MERGE sees
             writes: list[TableWrite] = []
@@ -390,7 +388,7 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
                     )
                 )
             if silver.history is not None and event_count:
-                writes += self._merge_history(events, batch_id, truncated_at is not None, in_order)
+                writes += self._merge_history(events, batch_id, truncated_at is not None)
             quality = batch_quality(counts, expectations, event_count, columns_added)
         finally:
             release(parsed)
@@ -456,14 +454,12 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
 
     def _events(
         self, parsed: DataFrame, counts: dict[str, Any], batch_id: int, held: list[DataFrame]
-    ) -> tuple[DataFrame, int, object | None, bool]:
+    ) -> tuple[DataFrame, int, object | None]:
         """The batch's events as the tables get them (transformed, then without the changes
-        Debezium delivered again), their number, the sequence of its last TRUNCATE (None
-        without one), and whether all are newer than anything stored (:class:`changes.Kept`).
-        Frames held on the way are added to ``held``."""
+        Debezium delivered again), their number, and the sequence of its last TRUNCATE (None
+        without one). Frames held on the way are added to ``held``."""
         silver = self.silver
         events, event_count = events_of(parsed, silver), int(counts["events"])
-        in_order = False
         if self.transform is not None and silver.transform is not None and event_count:
             events, event_count = materialize(
                 apply_transform(
@@ -483,12 +479,11 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
             deduplicated = self._without_redelivered(events, event_count, batch_id)
             held.extend(deduplicated.held)
             events, kept = deduplicated.events, deduplicated.count
-            in_order = deduplicated.in_order
             counts["events"], counts["passed"] = kept, counts["passed"] - (event_count - kept)
             counts["ignored"] += event_count - kept  # delivered again: counted, not stored
             event_count = kept
         truncated_at = truncated_before(events) if counts["truncates"] else None
-        return events, event_count, truncated_at, in_order
+        return events, event_count, truncated_at
 
     def _merge(
         self,
@@ -537,10 +532,9 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
             release(reduced)
 
     def _merge_history(
-        self, events: DataFrame, batch_id: int, truncates: bool = False, in_order: bool = False
+        self, events: DataFrame, batch_id: int, truncates: bool = False
     ) -> list[TableWrite]:
-        """Recompute the versions of the batch's keys from the events table (``in_order``: from
-        their open versions); MERGE what changed.
+        """Recompute the versions of the batch's keys from the events table; MERGE what changed.
 
         Nothing changed (e.g. the replay of a batch whose MERGE committed) writes nothing.
         """
@@ -555,7 +549,6 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
                 spark.read.format("delta").load(self.history_path),
                 plan,
                 self._truncates(truncates),
-                in_order,
             )
         )
         try:
