@@ -172,17 +172,18 @@ def without_redelivered(
     unique = (
         identified.withColumn("_nth", F.row_number().over(first))
         .where(F.col("_nth") == 1)
-        .drop("_nth", _CHANGE)
+        .drop("_nth")
     )
     if stored_sequences is None:
-        kept = hold(_not_stored(unique.withColumn(_CHANGE, change_identity(shared)),
-                                stored_events, keys, shared, batch_id).select(*events.columns))  # fmt: skip
+        kept = hold(
+            _not_stored(unique, stored_events, keys, shared, batch_id).select(*events.columns)
+        )
         return _counted(kept)
-    unique = hold(unique.select(*events.columns))
+    unique = hold(unique)
     try:
         tally = _tally(unique, ordered_in_python(events))
         if stored is not None and tally.newer_than(stored):
-            return Kept(unique, tally.rows, (unique,), tally.highest)
+            return Kept(unique.select(*events.columns), tally.rows, (unique,), tally.highest)
         joined = hold(_with_stored_sequence(unique, stored_sequences, keys))
     except BaseException:
         release(unique)
@@ -194,9 +195,8 @@ def without_redelivered(
         candidates = joined.where(candidate).drop("_candidate")
         if candidates.isEmpty():  # every change is fresh: the held join is the answer
             return Kept(fresh.select(*events.columns), tally.rows, (joined,), tally.highest)
-        new = _not_stored(candidates.withColumn(_CHANGE, change_identity(shared)),
-                          stored_events, keys, shared, batch_id)  # fmt: skip
-        kept = hold(fresh.unionByName(new).select(*events.columns))
+        new = _not_stored(candidates, stored_events, keys, shared, batch_id)
+        kept = hold(fresh.drop(_CHANGE).unionByName(new).select(*events.columns))
     except BaseException:
         release(joined)
         raise
