@@ -7,6 +7,7 @@ runtime fails the tests; it never skips them."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -62,26 +63,34 @@ TEST_DRIVER_CONF = {DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **TEST_SPARK_
 
 
 TESTS = Path(__file__).resolve().parent
-#: Seconds each of the slowest modules took in a serial run (bench/HISTORY.md, "Suite after issue
-#: 22"), rounded. pytest-xdist hands modules out in collection order, so the heaviest go first and
-#: the last to finish is a short one, not a five-minute module run alone on one core.
+#: Seconds each module took in a full run of the suite on two workers (ci20, bench/HISTORY.md,
+#: "SIGTERM ignored in half the suite"; the waits that run lost to ignored SIGTERMs taken off),
+#: rounded. pytest-xdist hands modules out in this order, so the heaviest go first and the last to
+#: finish is a short one, not a five-minute module run alone on one core. Modules under 15 s are
+#: left out: they keep their collection order, after these.
 MODULE_SECONDS = {
-    "e2e/test_ui_surface.py": 330,
     "e2e/test_cluster.py": 480,
-    "integration/test_gold.py": 280,
-    "integration/test_silver.py": 230,
-    "integration/test_debezium_source.py": 220,
-    "integration/test_debezium_changes.py": 95,
-    "e2e/test_flow_runs.py": 220,
-    "integration/test_silver_json.py": 210,
-    "integration/test_gold_join.py": 210,
-    "integration/test_quality.py": 190,
-    "integration/test_bench_quick.py": 180,
-    "e2e/test_continuous_run.py": 190,
-    "integration/test_bronze_exactly_once.py": 130,
-    "integration/test_maintenance.py": 120,
-    "integration/test_one_writer.py": 100,
-    "integration/test_source_faults.py": 95,
+    "e2e/test_continuous_run.py": 200,
+    "e2e/test_ui_surface.py": 195,
+    "e2e/test_flow_runs.py": 140,
+    "e2e/test_definitions.py": 30,
+    "integration/test_debezium_source.py": 150,
+    "integration/test_gold.py": 150,
+    "integration/test_bench_quick.py": 135,
+    "integration/test_silver.py": 130,
+    "integration/test_gold_join.py": 115,
+    "integration/test_quality.py": 110,
+    "integration/test_silver_json.py": 90,
+    "integration/test_one_writer.py": 85,
+    "integration/test_bronze_exactly_once.py": 75,
+    "integration/test_maintenance.py": 75,
+    "integration/test_flows_on_object_store.py": 70,
+    "integration/test_source_faults.py": 65,
+    "integration/test_debezium_changes.py": 55,
+    "integration/test_runner.py": 35,
+    "integration/test_debezium_values.py": 30,
+    "integration/test_kafka_broker.py": 15,
+    "integration/test_object_store.py": 15,
 }
 
 
@@ -98,6 +107,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return name.partition("/")[0], -MODULE_SECONDS.get(name, 0)
 
     items.sort(key=weight)
+
+
+def _keep_sigterm_deliverable() -> None:
+    """Keep SIGTERM at its default in the suite's processes, whatever Dagster does in them.
+
+    A pytest-xdist worker ignores SIGINT. Dagster's in-process execution (``materialize``,
+    ``execute_in_process``) ends by restoring SIGINT and pointing SIGTERM at SIGINT's handler
+    (``dagster._utils.interrupts.setup_interrupt_handlers``, "for k8s"): after the first such
+    test, the worker ignored SIGTERM, and so did every process it started afterwards, since an
+    ignored signal stays ignored across exec and a JVM started that way never installs its
+    handler. Each ``stop`` of a broker, S3 store, Connect worker or ``dagster dev`` then waited
+    out its timeout and ended in SIGKILL: 30-90 s at a time, ~4 min of one worker's wall in
+    ci20 (bench/HISTORY.md, "SIGTERM ignored in half the suite")."""
+    from dagster._utils import interrupts
+
+    dagsters_setup = interrupts.setup_interrupt_handlers
+
+    def setup_keeping_sigterm() -> None:
+        dagsters_setup()
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    interrupts.setup_interrupt_handlers = setup_keeping_sigterm
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _keep_sigterm_deliverable()
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_not_ignored() -> Iterator[None]:
+    """After each test, SIGTERM back at its default if anything left it ignored (see
+    :func:`_keep_sigterm_deliverable`): the next test's services must stop when told to."""
+    yield
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

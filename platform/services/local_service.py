@@ -114,7 +114,9 @@ def spawn_logged(
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` in a session of its own (so its group can be killed), its output
     appended to ``log_file`` after a line saying when and what was started (``env``: its whole
-    environment; default this process's)."""
+    environment; default this process's). The service answers SIGTERM and SIGINT even if this
+    process ignores them (:func:`_stop_signals_at_default`)."""
+    ignored = [s for s in STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN]
     with log_file.open("ab") as out:
         out.write(f"\n=== {now()} starting: {' '.join(command)}\n".encode())
         out.flush()
@@ -126,7 +128,24 @@ def spawn_logged(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=env,
+            # the managers that call this are single-threaded scripts: preexec_fn is safe there
+            preexec_fn=_stop_signals_at_default if ignored else None,
         )
+
+
+#: The signals :func:`terminate` and a person's Ctrl-C stop a service with.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_signals_at_default() -> None:
+    """In the service's process, before exec: SIGTERM and SIGINT back at their defaults.
+
+    An ignored signal stays ignored across exec, and a JVM that starts with SIGTERM ignored never
+    installs its shutdown handler: started from a shell script's background job (SIGINT ignored)
+    through Dagster (which points SIGTERM at SIGINT's handler), a broker or store would never
+    stop on :func:`terminate`'s SIGTERM, only on the SIGKILL after its timeout, uncleanly."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 # --------------------------------------------------------------------------- state and logs

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -209,3 +210,19 @@ def _dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+def test_a_service_stops_on_sigterm_even_if_its_manager_ignores_it(tmp_path: Path) -> None:
+    """A manager started where SIGTERM is ignored (a script's background job under Dagster):
+    the service it starts still has SIGTERM at its default, so ``terminate`` ends it by SIGTERM
+    alone instead of waiting out its timeout for the SIGKILL (a JVM started with SIGTERM ignored
+    never installs its shutdown handler)."""
+    local_service = sys.modules["local_service"]
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        process = local_service.spawn_logged(["sleep", "60"], tmp_path / "service.log", tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    ignored = Path(f"/proc/{process.pid}/status").read_text().split("SigIgn:")[1].split()[0]
+    assert not int(ignored, 16) & (1 << (signal.SIGTERM - 1)), ignored
+    assert local_service.terminate(process.pid, 5.0) is True
