@@ -109,40 +109,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=weight)
 
 
-def _keep_sigterm_deliverable() -> None:
-    """Keep SIGTERM at its default in the suite's processes, whatever Dagster does in them.
-
-    A pytest-xdist worker ignores SIGINT. Dagster's in-process execution (``materialize``,
-    ``execute_in_process``) ends by restoring SIGINT and pointing SIGTERM at SIGINT's handler
-    (``dagster._utils.interrupts.setup_interrupt_handlers``, "for k8s"): after the first such
-    test, the worker ignored SIGTERM, and so did every process it started afterwards, since an
-    ignored signal stays ignored across exec and a JVM started that way never installs its
-    handler. Each ``stop`` of a broker, S3 store, Connect worker or ``dagster dev`` then waited
-    out its timeout and ended in SIGKILL: 30-90 s at a time, ~4 min of one worker's wall in
-    ci20 (bench/HISTORY.md, "SIGTERM ignored in half the suite")."""
-    from dagster._utils import interrupts
-
-    dagsters_setup = interrupts.setup_interrupt_handlers
-
-    def setup_keeping_sigterm() -> None:
-        dagsters_setup()
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    interrupts.setup_interrupt_handlers = setup_keeping_sigterm
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    _keep_sigterm_deliverable()
+    """SIGINT handled as in a terminal, even where the suite was started with it ignored.
 
-
-@pytest.fixture(autouse=True)
-def _sigterm_not_ignored() -> Iterator[None]:
-    """After each test, SIGTERM back at its default if anything left it ignored (see
-    :func:`_keep_sigterm_deliverable`): the next test's services must stop when told to."""
-    yield
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    A script's background job starts with SIGINT ignored (POSIX shells without job control), and
+    so does every process it starts. Dagster's processes then point SIGTERM at that ignored
+    handler (``dagster._utils.interrupts.setup_interrupt_handlers``, "for k8s"): a pytest worker
+    after its first in-process ``materialize``, and every ``dagster dev`` or run worker it
+    starts. An ignored signal stays ignored across exec, and a JVM started with SIGTERM ignored
+    never installs its shutdown handler, so each ``stop`` of a broker, S3 store, Connect worker
+    or ``dagster dev`` started afterwards waited out its timeout and ended in SIGKILL: 30-90 s at
+    a time, ~4 minutes of one worker's wall in ci20 (bench/HISTORY.md, "SIGTERM ignored in half
+    the suite"). With Python's own SIGINT handler here, every process the suite starts begins
+    with both signals at their defaults, as when it is run from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
