@@ -109,6 +109,10 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
+#: The signals :func:`terminate` and a person's Ctrl-C stop a service with.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def spawn_logged(
     command: list[str], log_file: Path, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -131,10 +135,6 @@ def spawn_logged(
             # the managers that call this are single-threaded scripts: preexec_fn is safe there
             preexec_fn=_stop_signals_at_default if ignored else None,
         )
-
-
-#: The signals :func:`terminate` and a person's Ctrl-C stop a service with.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _stop_signals_at_default() -> None:
