@@ -110,20 +110,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """SIGINT handled as in a terminal, even where the suite was started with it ignored.
+    """SIGINT and SIGTERM handled as in a terminal, even where the suite started with them ignored.
 
     A script's background job starts with SIGINT ignored (POSIX shells without job control), and
     so does every process it starts. Dagster's processes then point SIGTERM at that ignored
     handler (``dagster._utils.interrupts.setup_interrupt_handlers``, "for k8s"): a pytest worker
-    after its first in-process ``materialize``, and every ``dagster dev`` or run worker it
-    starts. An ignored signal stays ignored across exec, and a JVM started with SIGTERM ignored
-    never installs its shutdown handler, so each ``stop`` of a broker, S3 store, Connect worker
-    or ``dagster dev`` started afterwards waited out its timeout and ended in SIGKILL: 30-90 s at
-    a time, ~4 minutes of one worker's wall in ci20 (bench/HISTORY.md, "SIGTERM ignored in half
-    the suite"). With Python's own SIGINT handler here, every process the suite starts begins
-    with both signals at their defaults, as when it is run from a terminal."""
+    after its first in-process ``materialize``, and every ``dagster dev`` or run worker it starts.
+    An ignored signal stays ignored across exec, and a JVM started with SIGTERM ignored never
+    installs its shutdown handler, so each ``stop`` of a broker, S3 store or Connect worker started
+    afterwards (and of ``dagster dev``, which ignored SIGTERM itself) waited out its timeout and
+    ended in SIGKILL: 30-90 s at a time, ~4 minutes of one worker's wall in ci20 (bench/HISTORY.md,
+    "SIGTERM ignored in half the suite"). With Python's own SIGINT handler and SIGTERM's default
+    here, every process the suite starts begins with both signals at their defaults."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

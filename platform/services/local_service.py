@@ -109,7 +109,7 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
-#: The signals :func:`terminate` and a person's Ctrl-C stop a service with.
+#: The signals a service is stopped with (:func:`terminate` sends the first).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

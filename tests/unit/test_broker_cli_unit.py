@@ -226,3 +226,4 @@ def test_a_service_stops_on_sigterm_even_if_its_manager_ignores_it(tmp_path: Pat
     ignored = Path(f"/proc/{process.pid}/status").read_text().split("SigIgn:")[1].split()[0]
     assert not int(ignored, 16) & (1 << (signal.SIGTERM - 1)), ignored
     assert local_service.terminate(process.pid, 5.0) is True
+    process.poll()  # terminate reaped it: Popen learns there is no child left
