@@ -1,6 +1,6 @@
 """The driver's figure of the highest stored sequence (``pipelines.silver.changes.Stored``) and
-its judgement of a batch as in order: what may skip the re-sent-change lookup and the history's
-recomputation, so every doubt must send a batch down the full path."""
+its judgement of a batch as in order: what may skip the re-sent-change lookup, so every doubt must
+send a batch down the full path."""
 
 from __future__ import annotations
 
