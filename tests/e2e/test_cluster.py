@@ -18,9 +18,10 @@ Needs root (the workers' mount namespaces, PostgreSQL run as its own user), as C
    its lease is taken or an application registers with the master.
 3. :func:`test_workers_cannot_see_the_drivers_runtime_folder`.
 4. :func:`test_executor_worker_and_driver_killed_mid_batch_lose_nothing`: a continuous CDC flow
-   under Dagster loses an executor, a Worker daemon and its driver, each by SIGKILL in a silver
-   batch caught mid-way, and carries on by itself; every table equals the model. Last: it leaves
-   one worker dead (``CLUSTER_FAULT_KEYS`` sizes it; ``make chaos`` runs it larger).
+   under Dagster loses an executor and a Worker daemon (``make chaos``: then its driver too), each
+   by SIGKILL in a silver batch caught mid-way, and carries on by itself; every table equals the
+   model. Last: it leaves one worker dead (``CLUSTER_FAULT_KEYS`` sizes it; ``make chaos`` runs it
+   larger).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from tests.integration.test_silver import (
     silver_flow,
 )
 from tests.support.cdc import produce_cdc
-from tests.support.chaos import MID_BATCH, Aim, ApplicationGroup, kill_mid_batch
+from tests.support.chaos import FULL_SCHEDULE, MID_BATCH, Aim, ApplicationGroup, kill_mid_batch
 from tests.support.dagster_ui import (
     command_line,
     latest_term,
@@ -465,21 +466,31 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
     cluster_env: dict[str, str], spark_cluster: Cluster, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     """A CDC flow (current state and history) runs continuously on the cluster under Dagster;
-    in three silver batches, each caught mid-batch with the driver frozen (SIGSTOP) so where the
-    fault lands is read, not guessed, one thing dies by SIGKILL: an executor, a Worker daemon
-    (with it, normally, its executor), then the driver. Spark replaces the executor (on the surviving
-    worker after the worker's death), the flow asset's retry policy starts a new application
-    after the driver's death; nobody intervenes. Every table then equals the plain-Python model, each batch's
-    MERGE is committed once, and the retry is recorded in Dagster's event log on PostgreSQL."""
+    in silver batches, each caught mid-batch with the driver frozen (SIGSTOP) so where the fault
+    lands is read, not guessed, one thing dies by SIGKILL: an executor, a Worker daemon (with it,
+    normally, its executor), and under ``make chaos`` then the driver. Spark replaces the executor
+    (on the surviving worker after the worker's death), the flow asset's retry policy starts a new
+    application after the driver's death; nobody intervenes. Every table then equals the
+    plain-Python model, each batch's MERGE is committed once, and a retry is recorded in Dagster's
+    event log on PostgreSQL.
+
+    The suite strikes the executor and the Worker only: what they prove is the cluster's own (tasks
+    of a lost executor run again elsewhere, and Delta commits only the files of the tasks that
+    finished). A killed driver costs a second application (~90 CPU-seconds here, 11 % of this
+    module's) for what is not: a SIGKILLed application restarted by the retry policy from its
+    checkpoint, exactly once, is proven in the suite on the local profile
+    (``test_continuous_run``) and by every kill test of ``tests/integration``."""
     flows = Path(cluster_env["CONFLUX_FLOWS_DIR"])
     bootstrap = kafka_broker.bootstrap_servers
     stream = CdcStream.make(FAULT_KEYS, seed=26)
     sent = stream.kafka_records()
     trigger = {"mode": "continuous", "interval": "1 second", "restart_delay": "2 seconds"}
-    # Bronze in three batches (a file per partition each), silver a file per batch: six silver
-    # batches, three of them to strike in. The application the retry policy starts reads the
-    # spec again: it catches up in one batch after the replay (see strike 3).
-    per_trigger = len(sent) // 3 + 1
+    # Bronze in a batch per strike (a file per partition each), silver a file per batch: twice as
+    # many silver batches as strikes, so a strike always has a batch to land in and few are left
+    # after the last. The application the retry policy starts (make chaos) reads the spec again:
+    # it catches up in one batch after the replay (see strike 3).
+    strikes = 3 if FULL_SCHEDULE else 2
+    per_trigger = len(sent) // strikes + 1
     flow = silver_flow("cl_faults", "cl_faults", trigger, max_offsets_per_trigger=per_trigger)
     flow["silver"]["max_files_per_trigger"] = 1
     spec = load_spec(write_spec(flows, flow))
@@ -542,17 +553,20 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
             120, "a new executor on the surviving worker",
         )  # fmt: skip
 
-        # 3. The driver dies mid-batch: the flow asset's retry policy launches it again.
+        # 3. (make chaos) The driver dies mid-batch: the flow asset's retry policy launches it
+        # again.
         def kill_the_driver() -> None:
             del flow["silver"]["max_files_per_trigger"]  # read by the next launch only
             write_spec(flows, flow)
             driver.kill()
 
-        struck.append(mid_batch(driver, kill_the_driver))
-        phases["driver killed"] = time.monotonic() - started
-        restarted, again = application_group(lease_dir, not_owner=owner)
-        drivers.append(again)
-        phases["restarted"] = time.monotonic() - started
+        restarted = owner
+        if FULL_SCHEDULE:
+            struck.append(mid_batch(driver, kill_the_driver))
+            phases["driver killed"] = time.monotonic() - started
+            restarted, again = application_group(lease_dir, not_owner=owner)
+            drivers.append(again)
+            phases["restarted"] = time.monotonic() - started
         wait_for(lambda: caught_up(paths, stream), 600, "the restarted flow to catch up", every=3)
         phases["caught up"] = time.monotonic() - started
         assert run.poll() is None, "the Dagster run ended after the driver's death"
@@ -573,7 +587,7 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
     print(f"seconds since launch: { {k: round(v) for k, v in phases.items()} }")
     print(f"struck mid-batch: silver batches {struck} ({aim.rate()}, misses {aim.misses}); "
           f"killed executor {killed['executor']}, worker pid {killed['worker']}; {outlived or ''}")  # fmt: skip
-    assert len(set(struck)) == 3, struck
+    assert len(set(struck)) == strikes, struck
 
     check_silver_tables(paths, stream)
     events_txns = paths.events_files().txn_commits()
@@ -586,9 +600,10 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
         assert record.status == DagsterRunStatus.SUCCESS
         kinds = {e.dagster_event.event_type for e in instance.all_logs(record.run_id)
                  if e.dagster_event is not None}  # fmt: skip
-        assert {DagsterEventType.STEP_UP_FOR_RETRY, DagsterEventType.STEP_RESTARTED} <= kinds
+        retried = {DagsterEventType.STEP_UP_FOR_RETRY, DagsterEventType.STEP_RESTARTED}
+        assert retried <= kinds if FULL_SCHEDULE else not retried & kinds, kinds
         instance.dispose()
-    assert latest_term(lease_dir) is not None and restarted != owner
+    assert latest_term(lease_dir) is not None and (restarted != owner) == FULL_SCHEDULE
 
 
 def caught_up(paths: SilverPaths, stream: CdcStream) -> bool:
