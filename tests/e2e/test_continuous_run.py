@@ -43,7 +43,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from pipelines.spec import load_spec
 from tests.e2e.bronze_check import assert_exactly_once, bronze_rows
 from tests.e2e.conftest import LEASE_SECONDS
 from tests.support.browser import browser
+from tests.support.chaos import ApplicationGroup
 from tests.support.dagster_ui import (
     DagsterUI,
     batch_end_offsets,
@@ -102,6 +103,29 @@ STARTED_EVENTS = {
 SENSOR_TICKS = """query($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) {
   __typename ... on Sensor { sensorState { ticks(limit: 20) { timestamp status skipReason } } }
   ... on PythonError { message } } }"""
+
+
+def application_of(owner: str) -> ApplicationGroup:
+    """The process group of the Spark application of lease owner ``owner`` (its spark-submit JVM
+    leads it, the Python driver below it)."""
+    jvms = [p for p in processes_matching(owner) if "SparkSubmit" in command_line(p)]
+    assert jvms, f"no Spark application of lease owner {owner}"
+    return ApplicationGroup(os.getpgid(jvms[0]))
+
+
+def freeze_in_flight(
+    application: ApplicationGroup, in_flight: Callable[[], int | None], tries: int = 20
+) -> int:
+    """Pause ``application`` while ``in_flight`` names a batch it is running; return that batch.
+    A batch that committed between the look and the pause is let go, and the next one aimed at."""
+    for _ in range(tries):
+        wait_for(in_flight, 120, "a micro-batch in flight", every=0.05)
+        application.pause()
+        batch = in_flight()
+        if batch is not None:
+            return batch
+        application.resume()
+    raise AssertionError(f"no batch of the application still in flight once paused ({tries} tries)")
 
 
 def write_flow(
@@ -316,16 +340,22 @@ def test_a_continuous_flow_terminated_queued_orphaned_taken_over_restarted_and_j
         assert planned < RECORDS, f"batch {batch} already reads to the end: no backlog left"
         return batch
 
-    aimed = wait_for(batch_in_flight, 120, "a micro-batch in flight", every=0.05)
+    # The application is frozen (SIGSTOP) with a batch in flight, so the terminate lands in it
+    # whatever the machine's load: a batch of 100 records can commit in the tenth of a second
+    # between seeing it in flight and the stop file (ci23).
+    first_application = application_of(owner)
+    aimed = freeze_in_flight(first_application, batch_in_flight)
     second_is_only_queued()
-    ui.client.terminate_run(first)  # the UI's "Terminate" button
-    terminated_at = time.monotonic()
-
-    # The launcher turns the terminate into the stop file: what was in flight at that moment?
-    wait_for(stop_file.exists, 120, "the stop file", every=0.05)
-    stopped_at = time.monotonic()
-    offsets_at_stop = log_batches(checkpoint / "offsets")
-    commits_at_stop = log_batches(checkpoint / "commits")
+    try:
+        ui.client.terminate_run(first)  # the UI's "Terminate" button
+        terminated_at = time.monotonic()
+        # The launcher turns the terminate into the stop file: what was in flight at that moment?
+        wait_for(stop_file.exists, 120, "the stop file", every=0.05)
+        stopped_at = time.monotonic()
+        offsets_at_stop = log_batches(checkpoint / "offsets")
+        commits_at_stop = log_batches(checkpoint / "commits")
+    finally:
+        first_application.resume()
     in_flight = max(offsets_at_stop)
     assert in_flight not in commits_at_stop, (
         f"the stop ({stopped_at - terminated_at:.1f} s after the terminate) fell between batches"
