@@ -71,6 +71,7 @@ from tests.support.dagster_ui import (
     latest_term,
     parent_pid,
     processes_matching,
+    spark_application_pgid,
     wait_for,
 )
 from tests.support.delta_read import read_rows
@@ -395,8 +396,8 @@ def application_group(
         term = latest_term(lease_dir)
         if term is None or term.released or term.owner == not_owner:
             return None
-        jvms = [p for p in processes_matching(term.owner) if "SparkSubmit" in command_line(p)]
-        return (term.owner, ApplicationGroup(os.getpgid(jvms[0]))) if jvms else None
+        pgid = spark_application_pgid(term.owner)
+        return (term.owner, ApplicationGroup(pgid)) if pgid is not None else None
 
     return wait_for(found, 300, "the flow's application")
 

@@ -71,8 +71,8 @@ from tests.support.dagster_ui import (
     free_port,
     latest_term,
     log_batches,
-    parent_pid,
     processes_matching,
+    spark_application_pgid,
     wait_for,
 )
 from tests.support.kafka import create_topic, order_payloads, produce
@@ -108,13 +108,10 @@ SENSOR_TICKS = """query($selector: SensorSelector!) { sensorOrError(sensorSelect
 
 
 def spark_application(owner: str) -> ApplicationGroup:
-    """The process group of lease owner ``owner``'s Spark application: its spark-submit JVM leads
-    it (the launcher starts it in a session of its own), the Python driver below it."""
-    jvms = [p for p in processes_matching(owner) if "SparkSubmit" in command_line(p)]
-    # A process the JVM is forking (Hadoop runs shell commands) shows the JVM's command line
-    # until it execs: the application is the match whose parent is not a match too.
-    [jvm] = [p for p in jvms if (parent := _parent_or_none(p)) and parent not in jvms]
-    return ApplicationGroup(os.getpgid(jvm))
+    """The process group of lease owner ``owner``'s running Spark application."""
+    pgid = spark_application_pgid(owner)
+    assert pgid is not None, f"no Spark application of lease owner {owner}"
+    return ApplicationGroup(pgid)
 
 
 @contextmanager
@@ -230,13 +227,6 @@ def kill_application(lease_dir: Location) -> str:
     assert term is not None and not term.released
     os.killpg(spark_application(term.owner).pgid, signal.SIGKILL)
     return term.owner
-
-
-def _parent_or_none(pid: int) -> int | None:
-    try:
-        return parent_pid(pid)
-    except FileNotFoundError:  # it exited meanwhile: not the application
-        return None
 
 
 def stop_file_of(owner: str) -> Path:

@@ -22,7 +22,7 @@ from pipelines.location import Location
 from pipelines.run_state import Phase, RunState, flow_run_state
 from pipelines.settings import Settings
 from pipelines.spec import FlowSpec, load_spec
-from tests.support.dagster_ui import command_line, processes_matching
+from tests.support.dagster_ui import spark_application_pgid
 from tests.support.delta_read import delta_table
 from tests.support.kafka import create_topic, order_payloads, produce
 from tests.support.runner import CONFLUX, CliProcess
@@ -58,9 +58,9 @@ def kill_application(locations: FlowState) -> str:
     in a session of their own); returns its lease owner."""
     term = locations.lease_store().latest()
     assert term is not None and term.live(), term
-    jvms = [p for p in processes_matching(term.owner) if "SparkSubmit" in command_line(p)]
-    assert jvms, f"no Spark application of {term.owner}"
-    os.killpg(os.getpgid(min(jvms)), signal.SIGKILL)
+    pgid = spark_application_pgid(term.owner)
+    assert pgid is not None, f"no Spark application of {term.owner}"
+    os.killpg(pgid, signal.SIGKILL)
     return term.owner
 
 

@@ -305,6 +305,25 @@ def parent_pid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+def spark_application_pgid(owner: str) -> int | None:
+    """The process group of lease owner ``owner``'s running Spark application, None if it has
+    none: its spark-submit JVM leads the group (the launcher starts it in a session of its own),
+    the Python driver below it."""
+    jvms = [p for p in processes_matching(owner) if "SparkSubmit" in command_line(p)]
+    # A process the JVM is forking (Hadoop runs shell commands) shows the JVM's command line
+    # until it execs: the application is the match whose parent is not a match too.
+    leaders = [p for p in jvms if (parent := _parent_or_none(p)) and parent not in jvms]
+    assert len(leaders) <= 1, f"more than one Spark application of {owner}: {leaders}"
+    return os.getpgid(leaders[0]) if leaders else None
+
+
+def _parent_or_none(pid: int) -> int | None:
+    try:
+        return parent_pid(pid)
+    except FileNotFoundError:  # it exited meanwhile: not the application
+        return None
+
+
 def command_line(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
