@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from delta.exceptions import (
@@ -40,6 +41,7 @@ from delta.exceptions import (
     ConcurrentDeleteReadException,
 )
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 
 # Defined beside the messages it travels in; the writes here make them.
@@ -58,12 +60,56 @@ _ROW_METRICS = {
 }
 
 
-def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:
-    """The Delta table's properties, or None if there is no Delta table at ``path``."""
+@dataclass(frozen=True)
+class TableMetadata:
+    """What a flow checks of an existing Delta table before it writes: its latest version's
+    properties, partition columns and whether it holds any data file."""
+
+    properties: dict[str, str]
+    partition_columns: list[str]
+    has_data: bool
+
+
+def table_metadata(spark: SparkSession, path: str) -> TableMetadata | None:
+    """The latest version's :class:`TableMetadata`, or None if there is no Delta table at ``path``.
+
+    Read from the Delta log's metadata and the version's checksum file (``.crc``), which Delta
+    writes at every commit: no Spark job. ``DeltaTable.detail()`` answers the same from the
+    snapshot's reconstructed state, 3 Spark jobs per table, which a start paid for every table
+    of the flow before its first batch (~0.5-1.5 s a table, bench/HISTORY.md). Without a
+    checksum (a table another writer made), the file count comes from that reconstruction, and
+    if Delta's internal API changed, all of it from ``detail()``.
+    """
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    row = DeltaTable.forPath(spark, path).detail().select("properties").first()
-    return dict(row["properties"] or {}) if row is not None else {}
+    jvm: Any = spark.sparkContext._jvm
+    try:
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        none = jvm.scala.Option.empty()
+        snapshot = log.update(False, none, none)  # the latest version, not a cached older one
+        metadata = snapshot.metadata()
+        scala = jvm.scala.jdk.javaapi.CollectionConverters
+        checksum = snapshot.checksumOpt()
+        files = checksum.get().numFiles() if checksum.isDefined() else snapshot.numOfFiles()
+        return TableMetadata(
+            properties=dict(scala.asJava(metadata.configuration())),
+            partition_columns=list(scala.asJava(metadata.partitionColumns())),
+            has_data=int(files) > 0,
+        )
+    except Py4JError:
+        detail = DeltaTable.forPath(spark, path).detail().first()
+        assert detail is not None
+        return TableMetadata(
+            properties=dict(detail["properties"] or {}),
+            partition_columns=list(detail["partitionColumns"] or []),
+            has_data=int(detail["numFiles"] or 0) > 0,
+        )
+
+
+def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:
+    """The Delta table's properties, or None if there is no Delta table at ``path``."""
+    metadata = table_metadata(spark, path)
+    return None if metadata is None else metadata.properties
 
 
 def commit_actions(spark: SparkSession, table_path: str, version: int) -> list[dict[str, Any]]:

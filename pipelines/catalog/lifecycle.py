@@ -28,6 +28,7 @@ from pyspark.sql.types import StructField, StructType
 from pipelines.catalog.roles import Layer
 from pipelines.catalog.state import FlowState
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
+from pipelines.delta_writes import table_metadata
 from pipelines.errors import ConfigError
 from pipelines.identity import (
     FLOW_ID_PROPERTY,
@@ -194,16 +195,14 @@ def ensure_table(
     checkpoint_started: bool | None = None,
 ) -> None:
     """Create, stamp or evolve one silver table so that it matches ``design`` (see :func:`check_table`)."""
-    exists = DeltaTable.isDeltaTable(spark, design.path)
+    existing = table_metadata(spark, design.path)
     properties = schema = None
     partitions: list[str] = []
     has_data = False
-    if exists:
-        detail = DeltaTable.forPath(spark, design.path).detail().first()
-        assert detail is not None
-        properties = dict(detail["properties"] or {})
-        partitions = list(detail["partitionColumns"] or [])
-        has_data = int(detail["numFiles"] or 0) > 0
+    if existing is not None:
+        properties = existing.properties
+        partitions = existing.partition_columns
+        has_data = existing.has_data
         schema = spark.read.format("delta").load(design.path).schema
     action = check_table(
         design,

@@ -41,7 +41,7 @@ from pipelines.catalog.lifecycle import (
 from pipelines.catalog.roles import SILVER_STAGE
 from pipelines.catalog.state import FlowState, write_json_atomically
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
-from pipelines.delta_writes import TableWrite, committed_write
+from pipelines.delta_writes import TableWrite, committed_write, table_properties
 from pipelines.errors import ConfigError
 from pipelines.identity import read_identity, write_identity
 from pipelines.lease import FlowLease, new_owner_id, owner_details
@@ -225,19 +225,16 @@ def _swap(spark: SparkSession, table: CatalogTable, app_id: str, batch: int | No
     if table.partition_by:
         writer = writer.partitionBy(*table.partition_by)
     writer.save(table.location)
-    detail = DeltaTable.forPath(spark, twin).detail().first()
-    assert detail is not None
     carried = {
-        k: v for k, v in (detail["properties"] or {}).items() if k.startswith(_CARRIED_PREFIX)
+        k: v
+        for k, v in (table_properties(spark, twin) or {}).items()
+        if k.startswith(_CARRIED_PREFIX)
     }
     assignments = sql_properties(carried)
     spark.sql(f"ALTER TABLE delta.`{table.location}` SET TBLPROPERTIES ({assignments})")
     # e.g. columns evolved into the old tables that the rebuilt ones do not have
-    live = DeltaTable.forPath(spark, table.location).detail().first()
-    assert live is not None
-    stale = [
-        k for k in (live["properties"] or {}) if k.startswith(_CARRIED_PREFIX) and k not in carried
-    ]
+    live = table_properties(spark, table.location) or {}
+    stale = [k for k in live if k.startswith(_CARRIED_PREFIX) and k not in carried]
     if stale:
         names = ", ".join(f"'{k}'" for k in stale)
         spark.sql(f"ALTER TABLE delta.`{table.location}` UNSET TBLPROPERTIES IF EXISTS ({names})")

@@ -47,6 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
 from pipelines.catalog.lifecycle import ddl_struct, sql_properties
+from pipelines.delta_writes import table_properties
 from pipelines.silver.expectations import SAMPLE_CHARS
 from pipelines.silver.parse import REASONS, SCHEMA_MISMATCH, parsed_event
 from pipelines.spec import IDENTIFIER_RE, RESCUED_DATA_COLUMN, SilverSpec, ddl_fields
@@ -316,13 +317,7 @@ def evolved_ddl(spec: SilverSpec, spec_columns: Sequence[str]) -> str:
 
 def evolved_columns(spark: SparkSession, events_path: str) -> str:
     """The columns evolved into the flow's silver tables so far (DDL; empty when none)."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, events_path):
-        return ""
-    detail = DeltaTable.forPath(spark, events_path).detail().first()
-    assert detail is not None
-    return str(dict(detail["properties"] or {}).get(EVOLVED_COLUMNS_PROPERTY, ""))
+    return (table_properties(spark, events_path) or {}).get(EVOLVED_COLUMNS_PROPERTY, "")
 
 
 def record_evolved(spark: SparkSession, events_path: str, ddl: str) -> None:

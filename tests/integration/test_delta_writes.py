@@ -1,4 +1,5 @@
-"""Idempotent writes keep Delta's per-commit work off the micro-batch's path (issue 12).
+"""Idempotent writes keep Delta's per-commit work off the micro-batch's path (issue 12), and a
+flow's start reads its tables' metadata without reconstructing their state.
 
 After each commit, :func:`prepare_next_transaction` reconstructs the new snapshot's state in the
 background (the next write's transaction-id check needs it) and, for a table created with
@@ -11,14 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from delta.tables import DeltaTable
+from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from pipelines import delta_writes
 from pipelines.delta_writes import (
     BACKGROUND_CHECKPOINT_PROPERTIES,
+    TableMetadata,
     append_idempotently,
+    table_metadata,
     wait_for_background_work,
 )
 
@@ -61,3 +66,46 @@ def test_background_checkpoints_and_txn_state(
     assert replay.skipped  # the reconstructed state still answers the transaction-id check
     assert spark.read.format("delta").load(str(ours)).count() == 70
     wait_for_background_work()
+
+
+def test_table_metadata_reads_the_latest_version_with_no_spark_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """What a start checks of each table (properties, partitions, whether it holds data) comes
+    from the Delta log's metadata and checksum: no job, so no state reconstruction per table;
+    and from the latest version even when this session's Delta log cache holds an older one."""
+    path = tmp_path / "events"
+    assert table_metadata(spark, str(path)) is None
+    DeltaTable.createIfNotExists(spark).location(str(path)).addColumn("id", "BIGINT").addColumn(
+        "day", "STRING"
+    ).partitionedBy("day").property("conflux.flow", "orders").execute()
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup(None))
+    empty = table_metadata(spark, str(path))
+    assert empty is not None and not empty.has_data
+    assert empty.partition_columns == ["day"] and empty.properties["conflux.flow"] == "orders"
+    assert len(tracker.getJobIdsForGroup(None)) == jobs_before  # metadata and checksum only
+    spark.createDataFrame([(1, "2026-11-28")], "id BIGINT, day STRING").write.format("delta").mode(
+        "append"
+    ).save(str(path))
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('conflux.generation' = '2')")
+    jobs_before = len(tracker.getJobIdsForGroup(None))
+    written = table_metadata(spark, str(path))
+    assert len(tracker.getJobIdsForGroup(None)) == jobs_before
+    detail = DeltaTable.forPath(spark, str(path)).detail().first()
+    assert detail is not None and written == TableMetadata(
+        properties=dict(detail["properties"]),
+        partition_columns=list(detail["partitionColumns"]),
+        has_data=detail["numFiles"] > 0,
+    )
+    assert written.has_data and written.properties["conflux.generation"] == "2"
+    # another writer's commit (delta-rs, which writes no checksum file) to a table this session
+    # last saw empty: the latest version is read, its file count from the reconstructed state
+    other = tmp_path / "other"
+    DeltaTable.createIfNotExists(spark).location(str(other)).addColumn("id", "BIGINT").execute()
+    seen = table_metadata(spark, str(other))
+    assert seen is not None and not seen.has_data
+    write_deltalake(str(other), pa.table({"id": [2]}), mode="append")
+    assert not (other / "_delta_log" / f"{1:020d}.crc").exists()
+    latest = table_metadata(spark, str(other))
+    assert latest is not None and latest.has_data
