@@ -61,7 +61,7 @@ _ROW_METRICS = {
 
 
 @dataclass(frozen=True)
-class TableMetadata:
+class TableHeader:
     """What a flow checks of an existing Delta table before it writes: its latest version's
     properties, partition columns and whether it holds any data file."""
 
@@ -70,8 +70,8 @@ class TableMetadata:
     has_data: bool
 
 
-def table_metadata(spark: SparkSession, path: str) -> TableMetadata | None:
-    """The latest version's :class:`TableMetadata`, or None if there is no Delta table at ``path``.
+def table_header(spark: SparkSession, path: str) -> TableHeader | None:
+    """The latest version's :class:`TableHeader`, or None if there is no Delta table at ``path``.
 
     Read from the Delta log's metadata and the version's checksum file (``.crc``), which Delta
     writes at every commit: no Spark job. ``DeltaTable.detail()`` answers the same from the
@@ -91,7 +91,7 @@ def table_metadata(spark: SparkSession, path: str) -> TableMetadata | None:
         scala = jvm.scala.jdk.javaapi.CollectionConverters
         checksum = snapshot.checksumOpt()
         files = checksum.get().numFiles() if checksum.isDefined() else snapshot.numOfFiles()
-        return TableMetadata(
+        return TableHeader(
             properties=dict(scala.asJava(metadata.configuration())),
             partition_columns=list(scala.asJava(metadata.partitionColumns())),
             has_data=int(files) > 0,
@@ -99,7 +99,7 @@ def table_metadata(spark: SparkSession, path: str) -> TableMetadata | None:
     except Py4JError:
         detail = DeltaTable.forPath(spark, path).detail().first()
         assert detail is not None
-        return TableMetadata(
+        return TableHeader(
             properties=dict(detail["properties"] or {}),
             partition_columns=list(detail["partitionColumns"] or []),
             has_data=int(detail["numFiles"] or 0) > 0,
@@ -108,8 +108,8 @@ def table_metadata(spark: SparkSession, path: str) -> TableMetadata | None:
 
 def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:
     """The Delta table's properties, or None if there is no Delta table at ``path``."""
-    metadata = table_metadata(spark, path)
-    return None if metadata is None else metadata.properties
+    header = table_header(spark, path)
+    return None if header is None else header.properties
 
 
 def commit_actions(spark: SparkSession, table_path: str, version: int) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from pyspark.sql.types import StructField, StructType
 from pipelines.catalog.roles import Layer
 from pipelines.catalog.state import FlowState
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
-from pipelines.delta_writes import table_metadata
+from pipelines.delta_writes import table_header
 from pipelines.errors import ConfigError
 from pipelines.identity import (
     FLOW_ID_PROPERTY,
@@ -195,7 +195,7 @@ def ensure_table(
     checkpoint_started: bool | None = None,
 ) -> None:
     """Create, stamp or evolve one silver table so that it matches ``design`` (see :func:`check_table`)."""
-    existing = table_metadata(spark, design.path)
+    existing = table_header(spark, design.path)
     properties = schema = None
     partitions: list[str] = []
     has_data = False

@@ -21,9 +21,9 @@ from pyspark.sql import SparkSession
 from pipelines import delta_writes
 from pipelines.delta_writes import (
     BACKGROUND_CHECKPOINT_PROPERTIES,
-    TableMetadata,
+    TableHeader,
     append_idempotently,
-    table_metadata,
+    table_header,
     wait_for_background_work,
 )
 
@@ -75,13 +75,13 @@ def test_table_metadata_reads_the_latest_version_with_no_spark_job(
     from the Delta log's metadata and checksum: no job, so no state reconstruction per table;
     and from the latest version even when this session's Delta log cache holds an older one."""
     path = tmp_path / "events"
-    assert table_metadata(spark, str(path)) is None
+    assert table_header(spark, str(path)) is None
     DeltaTable.createIfNotExists(spark).location(str(path)).addColumn("id", "BIGINT").addColumn(
         "day", "STRING"
     ).partitionedBy("day").property("conflux.flow", "orders").execute()
     tracker = spark.sparkContext.statusTracker()
     jobs_before = len(tracker.getJobIdsForGroup(None))
-    empty = table_metadata(spark, str(path))
+    empty = table_header(spark, str(path))
     assert empty is not None and not empty.has_data
     assert empty.partition_columns == ["day"] and empty.properties["conflux.flow"] == "orders"
     assert len(tracker.getJobIdsForGroup(None)) == jobs_before  # metadata and checksum only
@@ -90,10 +90,10 @@ def test_table_metadata_reads_the_latest_version_with_no_spark_job(
     ).save(str(path))
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('conflux.generation' = '2')")
     jobs_before = len(tracker.getJobIdsForGroup(None))
-    written = table_metadata(spark, str(path))
+    written = table_header(spark, str(path))
     assert len(tracker.getJobIdsForGroup(None)) == jobs_before
     detail = DeltaTable.forPath(spark, str(path)).detail().first()
-    assert detail is not None and written == TableMetadata(
+    assert detail is not None and written == TableHeader(
         properties=dict(detail["properties"]),
         partition_columns=list(detail["partitionColumns"]),
         has_data=detail["numFiles"] > 0,
@@ -103,9 +103,9 @@ def test_table_metadata_reads_the_latest_version_with_no_spark_job(
     # last saw empty: the latest version is read, its file count from the reconstructed state
     other = tmp_path / "other"
     DeltaTable.createIfNotExists(spark).location(str(other)).addColumn("id", "BIGINT").execute()
-    seen = table_metadata(spark, str(other))
+    seen = table_header(spark, str(other))
     assert seen is not None and not seen.has_data
     write_deltalake(str(other), pa.table({"id": [2]}), mode="append")
     assert not (other / "_delta_log" / f"{1:020d}.crc").exists()
-    latest = table_metadata(spark, str(other))
+    latest = table_header(spark, str(other))
     assert latest is not None and latest.has_data
