@@ -10,6 +10,9 @@ every 1,000.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,7 +71,7 @@ def test_background_checkpoints_and_txn_state(
     wait_for_background_work()
 
 
-def test_table_metadata_reads_the_latest_version_with_no_spark_job(
+def test_table_header_reads_the_latest_version_with_no_spark_job(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """What a start checks of each table (properties, partitions, whether it holds data) comes
@@ -79,20 +82,17 @@ def test_table_metadata_reads_the_latest_version_with_no_spark_job(
     DeltaTable.createIfNotExists(spark).location(str(path)).addColumn("id", "BIGINT").addColumn(
         "day", "STRING"
     ).partitionedBy("day").property("conflux.flow", "orders").execute()
-    tracker = spark.sparkContext.statusTracker()
-    jobs_before = len(tracker.getJobIdsForGroup(None))
-    empty = table_header(spark, str(path))
+    empty = header_without_jobs(spark, str(path))
     assert empty is not None and not empty.has_data
     assert empty.partition_columns == ["day"] and empty.properties["conflux.flow"] == "orders"
-    assert len(tracker.getJobIdsForGroup(None)) == jobs_before  # metadata and checksum only
     spark.createDataFrame([(1, "2026-11-28")], "id BIGINT, day STRING").write.format("delta").mode(
         "append"
     ).save(str(path))
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('conflux.generation' = '2')")
-    jobs_before = len(tracker.getJobIdsForGroup(None))
-    written = table_header(spark, str(path))
-    assert len(tracker.getJobIdsForGroup(None)) == jobs_before
-    detail = DeltaTable.forPath(spark, str(path)).detail().first()
+    written = header_without_jobs(spark, str(path))
+    with jobs_of(spark) as jobs:  # what the start used to ask: the same answer, from Spark jobs
+        detail = DeltaTable.forPath(spark, str(path)).detail().first()
+    assert jobs(), "the job count sees Delta's state reconstruction"
     assert detail is not None and written == TableHeader(
         properties=dict(detail["properties"]),
         partition_columns=list(detail["partitionColumns"]),
@@ -109,3 +109,21 @@ def test_table_metadata_reads_the_latest_version_with_no_spark_job(
     assert not (other / "_delta_log" / f"{1:020d}.crc").exists()
     latest = table_header(spark, str(other))
     assert latest is not None and latest.has_data
+
+
+@contextmanager
+def jobs_of(spark: SparkSession) -> Iterator[Callable[[], list[int]]]:
+    """The Spark jobs this thread starts in the block (a job group of its own)."""
+    group = f"jobs-{uuid.uuid4().hex}"
+    spark.sparkContext.setJobGroup(group, "counted by the test")
+    try:
+        yield lambda: list(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+
+def header_without_jobs(spark: SparkSession, path: str) -> TableHeader | None:
+    with jobs_of(spark) as jobs:
+        header = table_header(spark, path)
+    assert jobs() == [], "table_header ran Spark jobs"
+    return header
