@@ -26,7 +26,7 @@ PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
 .PHONY: help setup jars browser postgres-install dagster-home broker-start broker-stop broker-status \
 	s3-start s3-stop s3-status cluster-start cluster-stop cluster-status postgres-start postgres-stop \
 	postgres-status connect-start connect-stop connect-status demo demo-cdc demo-s3 demo-cluster demo-steps ui test test-unit \
-	test-integration test-e2e chaos lint format typecheck bench bench-quick jvm-archive clean
+	test-integration test-e2e project-bytecode chaos lint format typecheck bench bench-quick jvm-archive clean
 
 help: ## List every target
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -43,11 +43,17 @@ $(STAMP): pyproject.toml
 # PYTHONDONTWRITEBYTECODE is set, as on this project's CI machines, nothing else writes it, and
 # every Python process compiled each module it imported again: `dagster definitions validate`
 # 6.2 s, 2.8 s with it; tests/e2e/test_definitions.py 29.6 s, 14.0 s (bench/HISTORY.md).
+# compileall -q prints only the files it could not compile.
 BYTECODE := $(VENV)/.bytecode
 $(BYTECODE): $(STAMP)
-	$(PY) -m compileall -q -j 0 $(VENV)/lib/python3.11/site-packages >/dev/null \
-		|| echo "warning: some installed modules did not compile; they are compiled at import"
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+		|| echo "warning: the modules above did not compile; Python compiles them at each import"
 	@touch $@
+
+# The project's own modules too (a second when up to date): each test starts dozens of Python
+# processes that import them. (pytest compiles the test modules itself.)
+project-bytecode: $(STAMP) ## Compile the project's own modules' bytecode (the test, chaos and bench targets do)
+	@$(PY) -m compileall -q -j 0 pipelines assets quality bench platform || true
 
 setup: $(STAMP) $(BYTECODE) jars jvm-archive dagster-home browser postgres-install ## Create the venv, install Python deps, fetch the pinned jars once
 	@echo "setup done: runtime folder $(RUNTIME)/, Dagster home $(DAGSTER_HOME)"
@@ -177,19 +183,16 @@ demo-cdc: connect-start ## The CDC demo: Debezium reads a real PostgreSQL table'
 ui: broker-start ## Start the Dagster UI and daemon on http://127.0.0.1:3000
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# The project's own modules too (a second when up to date): each test starts dozens of Python
-# processes that import them.
-test: setup ## Run the whole test suite (unit, integration, end-to-end) on every core
-	@$(PY) -m compileall -q -j 0 pipelines assets quality bench platform tests >/dev/null || true
+test: setup project-bytecode ## Run the whole test suite (unit, integration, end-to-end) on every core
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-test-unit: setup ## Run the unit tests only (no JVM)
+test-unit: setup project-bytecode ## Run the unit tests only (no JVM)
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: setup ## Run the integration tests (real Spark, Delta, Kafka)
+test-integration: setup project-bytecode ## Run the integration tests (real Spark, Delta, Kafka)
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
-test-e2e: setup ## Run the end-to-end tests (Dagster launching real Spark jobs)
+test-e2e: setup project-bytecode ## Run the end-to-end tests (Dagster launching real Spark jobs)
 	$(VENV)/bin/pytest tests/e2e $(PYTEST_ARGS)
 
 lint: $(STAMP) ## Ruff lint and format check, then the type checker
@@ -204,7 +207,7 @@ format: $(STAMP) ## Apply ruff's formatter and autofixes
 typecheck: $(STAMP) ## Run mypy on the packages
 	$(VENV)/bin/mypy pipelines assets quality
 
-chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one), a 5-minute broker outage under conflux run, and a PostgreSQL workload through Debezium with its Connect worker and Spark killed
+chaos: setup project-bytecode ## Full-scale kill -9 runs of bronze, silver (local disk and S3 store), gold and the cluster's executor / worker / driver, every kill of each schedule (KILL_SEED=N replays one), a 5-minute broker outage under conflux run, and a PostgreSQL workload through Debezium with its Connect worker and Spark killed
 	CHAOS_FULL_SCHEDULE=1 CHAOS_RECORDS=$${CHAOS_RECORDS:-100000} SILVER_KILL_KEYS=$${SILVER_KILL_KEYS:-10000} \
 		SILVER_CHAOS_KEYS=$${SILVER_CHAOS_KEYS:-10000} CLUSTER_FAULT_KEYS=$${CLUSTER_FAULT_KEYS:-2000} \
 		GOLD_CHAOS_RECORDS=$${GOLD_CHAOS_RECORDS:-100000} BROKER_OUTAGE_SECONDS=$${BROKER_OUTAGE_SECONDS:-300} \
@@ -218,7 +221,7 @@ chaos: setup ## Full-scale kill -9 runs of bronze, silver (local disk and S3 sto
 		tests/e2e/test_cluster.py::test_executor_worker_and_driver_killed_mid_batch_lose_nothing \
 		tests/integration/test_debezium_source.py::test_kills_of_the_worker_and_of_spark_lose_and_double_nothing
 
-bench: setup ## Full benchmark run (~2 h: bronze, silver freshness, MERGE at 10M keys): regenerates BENCHMARKS.md
+bench: setup project-bytecode ## Full benchmark run (~2 h: bronze, silver freshness, MERGE at 10M keys): regenerates BENCHMARKS.md
 	$(PY) bench/run.py --write-benchmarks
 
 bench-quick: setup ## Smoke run of the benchmarks (~6 min): every runner, same rows and offsets

@@ -41,7 +41,7 @@ from delta.exceptions import (
     ConcurrentDeleteReadException,
 )
 from delta.tables import DeltaTable
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 
 # Defined beside the messages it travels in; the writes here make them.
@@ -60,7 +60,7 @@ _ROW_METRICS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class TableHeader:
     """What a flow checks of an existing Delta table before it writes: its latest version's
     properties, partition columns and whether it holds any data file."""
@@ -73,20 +73,22 @@ class TableHeader:
 def table_header(spark: SparkSession, path: str) -> TableHeader | None:
     """The latest version's :class:`TableHeader`, or None if there is no Delta table at ``path``.
 
-    Read from the Delta log's metadata and the version's checksum file (``.crc``), which Delta
-    writes at every commit: no Spark job. ``DeltaTable.detail()`` answers the same from the
-    snapshot's reconstructed state, 3 Spark jobs per table, which a start paid for every table
-    of the flow before its first batch (~0.5-1.5 s a table, bench/HISTORY.md). Without a
-    checksum (a table another writer made), the file count comes from that reconstruction, and
-    if Delta's internal API changed, all of it from ``detail()``.
+    Read from the Delta log's protocol and metadata and the version's checksum file (``.crc``,
+    which Delta writes with every commit unless ``writeChecksumFile`` is off): no Spark job.
+    ``DeltaTable.detail()`` answers the same from the snapshot's reconstructed state, 3 Spark
+    jobs per table, which a start paid for every table of the flow before its first batch
+    (~0.5-1.5 s a table, bench/HISTORY.md). Without a checksum (e.g. a commit delta-rs made),
+    Delta reads the metadata and counts the files with Spark jobs. If Delta's internal API has
+    changed, ``detail()`` answers (a warning says so, once); errors of the table itself (storage,
+    a corrupt log) are raised as they are.
     """
     if not DeltaTable.isDeltaTable(spark, path):
         return None
     jvm: Any = spark.sparkContext._jvm
     try:
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
         none = jvm.scala.Option.empty()
-        snapshot = log.update(False, none, none)  # the latest version, not a cached older one
+        snapshot = delta_log.update(False, none, none)  # the latest version, not a cached one
         metadata = snapshot.metadata()
         scala = jvm.scala.jdk.javaapi.CollectionConverters
         checksum = snapshot.checksumOpt()
@@ -96,14 +98,19 @@ def table_header(spark: SparkSession, path: str) -> TableHeader | None:
             partition_columns=list(scala.asJava(metadata.partitionColumns())),
             has_data=int(files) > 0,
         )
-    except Py4JError:
-        detail = DeltaTable.forPath(spark, path).detail().first()
-        assert detail is not None
-        return TableHeader(
-            properties=dict(detail["properties"] or {}),
-            partition_columns=list(detail["partitionColumns"] or []),
-            has_data=int(detail["numFiles"] or 0) > 0,
-        )
+    except Py4JJavaError:
+        raise  # the table's own error: detail() would meet it again, three jobs later
+    except (Py4JError, TypeError) as exc:  # no such method, or class ('JavaPackage' not callable)
+        if "table_header()" not in _warned:  # the other keys are table paths
+            _warned.add("table_header()")
+            log.warning("Delta's log API changed (%s): table checks use DeltaTable.detail()", exc)
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    assert detail is not None
+    return TableHeader(
+        properties=dict(detail["properties"] or {}),
+        partition_columns=list(detail["partitionColumns"] or []),
+        has_data=int(detail["numFiles"] or 0) > 0,
+    )
 
 
 def table_properties(spark: SparkSession, path: str) -> dict[str, str] | None:

@@ -113,16 +113,26 @@ def test_table_header_reads_the_latest_version_with_no_spark_job(
 
 @contextmanager
 def jobs_of(spark: SparkSession) -> Iterator[Callable[[], list[int]]]:
-    """The Spark jobs this thread starts in the block (a job group of its own)."""
+    """The Spark jobs this thread starts in the block (a job group of its own). The status
+    tracker is fed by the listener bus: it is drained before each look."""
+    context = spark.sparkContext
     group = f"jobs-{uuid.uuid4().hex}"
-    spark.sparkContext.setJobGroup(group, "counted by the test")
+    context.setJobGroup(group, "counted by the test")
+
+    def jobs() -> list[int]:
+        context._jsc.sc().listenerBus().waitUntilEmpty()
+        return list(context.statusTracker().getJobIdsForGroup(group))
+
     try:
-        yield lambda: list(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+        yield jobs
     finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        context._jsc.clearJobGroup()
 
 
 def header_without_jobs(spark: SparkSession, path: str) -> TableHeader | None:
+    """:func:`table_header` as a restart reads it (this session's Delta log cache emptied, so
+    the checksum comes from storage), asserting it ran no Spark job."""
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
     with jobs_of(spark) as jobs:
         header = table_header(spark, path)
     assert jobs() == [], "table_header ran Spark jobs"
