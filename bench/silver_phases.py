@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -35,8 +36,10 @@ from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
 from pipelines.spark import get_spark_session
 from pipelines.spec import load_spec
+from pipelines.stages import bronze as bronze_stage
 from pipelines.stages import silver as silver_stage
 
+CURRENT_PHASE = "current: reduce + MERGEs"
 #: (method of SilverStage, phase name): the phases timed, outermost first.
 PHASES = (
     ("write_batch", "batch"),
@@ -44,11 +47,15 @@ PHASES = (
     ("_count", "count"),
     ("_without_redelivered", "re-sent changes: lookup + hold"),
     ("_append", "appends"),
-    ("_merge", "current: reduce + MERGEs"),
+    ("_merge", CURRENT_PHASE),
     ("_merge_history", "history: recompute + MERGE"),
 )
 SNAPSHOT_JOBS = "Compute snapshot"
 HOLD_PHASE = "parse: compute + hold"
+WHOLE_PHASE = "bronze + silver"
+#: Seconds from the start of the query's batch to the current table's commit (what a reader
+#: waits for, beside the wait for the batch to start).
+CURRENT_VISIBLE = "current committed after"
 COMPILES = "compiles"
 
 
@@ -66,8 +73,16 @@ class PhaseClock:
 
     def __init__(self, compiled: Callable[[], int] = lambda: 0) -> None:
         self.batches: list[dict[str, float]] = []
-        self.open: list[str] = []
+        self._local = threading.local()  # the phases open in each thread (appends run alongside)
         self.compiled = compiled
+        self.query_batch_started = 0.0
+
+    @property
+    def open(self) -> list[str]:
+        if not hasattr(self._local, "open"):
+            self._local.open = []
+        opened: list[str] = self._local.open
+        return opened
 
     @contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -101,11 +116,26 @@ class PhaseClock:
                 return hold(frame)
 
         silver_stage.hold = held
+        write_with = bronze_stage.BronzeStage.write_with
+
+        def whole(*args: Any, **kwargs: Any) -> Any:
+            """The query's whole batch: bronze's append and the silver stage fused into it."""
+            started = self.query_batch_started = time.perf_counter()
+            try:
+                return write_with(*args, **kwargs)
+            finally:
+                if self.batches:
+                    self.batches[-1][WHOLE_PHASE] += time.perf_counter() - started
+
+        bronze_stage.BronzeStage.write_with = whole  # type: ignore[method-assign]
 
     def _timed(self, original: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             with self.timing(phase):
-                return original(*args, **kwargs)
+                returned = original(*args, **kwargs)
+            if phase == CURRENT_PHASE and self.batches:  # readers see the batch from here on
+                self.batches[-1][CURRENT_VISIBLE] = time.perf_counter() - self.query_batch_started
+            return returned
 
         return timed
 

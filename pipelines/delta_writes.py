@@ -177,9 +177,9 @@ def committed_write(
 
 #: Delta checkpoints a table every ``delta.checkpointInterval`` commits (10 by default), inside
 #: the commit that reaches it: ~1 s on two cores, paid by that micro-batch. Tables a stream writes
-#: every few hundred milliseconds (bronze) are created with these properties instead, so Delta's
-#: own checkpoint is a rare safety net, and :func:`prepare_next_transaction` checkpoints every
-#: :data:`BACKGROUND_CHECKPOINT_EVERY` commits off the batch's path.
+#: in every batch (bronze, the silver tables) are created with these properties instead, so
+#: Delta's own checkpoint is a rare safety net, and :func:`prepare_next_transaction` checkpoints
+#: every :data:`BACKGROUND_CHECKPOINT_EVERY` commits off the batch's path.
 BACKGROUND_CHECKPOINT_PROPERTIES = {"delta.checkpointInterval": "1000"}
 BACKGROUND_CHECKPOINT_EVERY = 100
 _background: set[threading.Thread] = set()

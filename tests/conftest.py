@@ -86,6 +86,7 @@ MODULE_SECONDS = {
     "integration/test_bronze_exactly_once.py": 75,
     "integration/test_maintenance.py": 75,
     "integration/test_flows_on_object_store.py": 70,
+    "integration/test_fused_batch.py": 70,
     "integration/test_source_faults.py": 65,
     "integration/test_debezium_changes.py": 55,
     "integration/test_runner.py": 35,

@@ -136,24 +136,39 @@ class BronzeStage:
         """Bronze needs no word of the others."""
 
     def write_with(self, batch: DataFrame, batch_id: int, fused: Sequence[Stage]) -> None:
-        """Write the batch, then the stages fused into bronze on the very rows it wrote (one
-        ingestion time for bronze and what follows), all under the batch's id."""
+        """Write the stages fused into bronze, then bronze, on the very same rows (one ingestion
+        time for bronze and what follows), all under the batch's id.
+
+        Bronze's append comes last: the fused stages read the batch's rows, not the bronze table,
+        and their current-state table is what readers wait for, so it commits ~1 s sooner in
+        every batch (bench/HISTORY.md, "Silver freshness, eleventh session"). Exactly once does not
+        depend on the order: every write carries the batch's transaction id, so a batch run again
+        after a crash writes only what had not committed, bronze's rows included. The lease is
+        checked once, before anything of the batch is written."""
         if not fused:
             self.write_batch(batch, batch_id)
             return
         rows = self.rows(batch).persist()
         try:
-            self.write_rows(rows, batch_id)
+            self._check_lease()
             for stage in fused:
                 stage.write_batch(rows, batch_id)
+            self.write_rows(rows, batch_id, lease_checked=True)
         finally:
             rows.unpersist()
 
-    def write_rows(self, rows: DataFrame, batch_id: int) -> BatchCommit:
-        """Append bronze rows (see :meth:`rows`) under the batch's transaction id."""
-        assert self.identity is not None, "prepare() runs before the query starts"
+    def _check_lease(self) -> None:
         if self.guard is not None:
             self.guard.check()  # LeaseLostError fails the query before anything is written
+
+    def write_rows(
+        self, rows: DataFrame, batch_id: int, lease_checked: bool = False
+    ) -> BatchCommit:
+        """Append bronze rows (see :meth:`rows`) under the batch's transaction id
+        (``lease_checked``: the caller checked the lease before the batch's first write)."""
+        assert self.identity is not None, "prepare() runs before the query starts"
+        if not lease_checked:
+            self._check_lease()
         write = append_idempotently(
             rows,
             self.spec.target.table,

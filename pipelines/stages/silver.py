@@ -25,8 +25,9 @@ the key's earlier changes before the rows are judged, and a TRUNCATE is applied
 Empty writes are skipped (one aggregation over the held batch counts the three kinds of rows
 first). The stage runs either as its own query reading the bronze table as a Delta stream, with its
 own checkpoint (``chaining: stream``), or inside the bronze query's ``foreachBatch`` on the rows
-bronze just wrote (``chaining: bronze_batch``); the batch id, and so the idempotence, is that of
-the query it runs in.
+bronze writes, before bronze appends them (``chaining: bronze_batch``; see
+:meth:`pipelines.stages.bronze.BronzeStage.write_with`); the batch id, and so the idempotence, is
+that of the query it runs in.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pipelines.catalog.lifecycle import TableDesign, ensure_table
 from pipelines.catalog.roles import SILVER_STAGE, TableRole
 from pipelines.catalog.tables import CatalogTable, FlowCatalog
 from pipelines.delta_writes import (
+    BACKGROUND_CHECKPOINT_PROPERTIES,
     TableWrite,
     append_idempotently,
     committed_write,
@@ -199,8 +201,16 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
         return self.written[role][0].app_id(self.identity, generation)
 
     def _design(self, role: TableRole, schema: StructType, **more: Any) -> TableDesign:
-        """What the spec says the silver table of ``role`` must be."""
+        """What the spec says the silver table of ``role`` must be: created to be checkpointed
+        off the batch's path, as bronze is (:data:`pipelines.delta_writes.
+        BACKGROUND_CHECKPOINT_PROPERTIES`; with Delta's default, every tenth batch waits for each
+        table's checkpoint: bench/HISTORY.md, "Silver freshness, eleventh session").
+        A property the spec sets wins; a table created before checkpoints as it did."""
         table, path = self.written[role]
+        more["delta_properties"] = {
+            **BACKGROUND_CHECKPOINT_PROPERTIES,
+            **more.get("delta_properties", {}),
+        }
         return TableDesign(entry=table, path=path, schema=schema, **more)
 
     def finish(self, spark: SparkSession) -> list[TableWrite]:

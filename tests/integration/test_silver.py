@@ -46,6 +46,7 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -371,9 +372,10 @@ def kill_after_merge_commit(
     tries: int = TRIES,
     timeout: float = 600.0,
     poll: float = POLL_SECONDS,
+    pending: Callable[[int], bool] | None = None,
 ) -> Landing:
     """SIGKILL after a silver batch's MERGE into the aimed table committed, before the batch's
-    entry in the silver commit log.
+    entry in the silver commit log (or, given ``pending``, while ``pending(B)`` holds).
 
     Like :func:`tests.support.chaos.kill_after_delta_commit`, on that table's Delta log and
     the silver checkpoint: the moment a new table version appears the group is paused; if that
@@ -396,7 +398,8 @@ def kill_after_merge_commit(
             version = files.latest_delta_version()
             txn = files.delta_txn(version)
             merged = commit_operation(files, version) == "MERGE"
-            if merged and txn is not None and not files.batch_committed(txn[1]):
+            waiting = pending or (lambda batch: not files.batch_committed(batch))
+            if merged and txn is not None and waiting(txn[1]):
                 group.kill()
                 aim.hits += 1
                 return Landing(AFTER_DELTA_COMMIT, txn[1], AFTER_DELTA_COMMIT, attempt)

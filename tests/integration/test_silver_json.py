@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.catalog.lifecycle import reset_stage
 from pipelines.catalog.state import FlowState
+from pipelines.delta_writes import BACKGROUND_CHECKPOINT_PROPERTIES as BACKGROUND_CHECKPOINTS
 from pipelines.errors import ConfigError
 from pipelines.identity import read_identity
 from pipelines.lease import FlowLease, LeaseHeldError
@@ -264,10 +265,12 @@ def test_table_features_from_the_spec(
             "delta.enableChangeDataFeed": "true",
             "delta.checkpointInterval": "5",
         },
-        "silver_keyed_events": {"delta.enableDeletionVectors": "true"},
+        # checkpointed in the background (a property the spec sets wins, as above)
+        "silver_keyed_events": {"delta.enableDeletionVectors": "true", **BACKGROUND_CHECKPOINTS},
         "sequenced_history": {
             "delta.enableDeletionVectors": "true",
             "delta.enableChangeDataFeed": "true",
+            **BACKGROUND_CHECKPOINTS,
         },
     }
     for table, expected in features.items():
