@@ -18,7 +18,6 @@ import argparse
 import json
 import subprocess
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -53,8 +52,9 @@ PHASES = (
 SNAPSHOT_JOBS = "Compute snapshot"
 HOLD_PHASE = "parse: compute + hold"
 WHOLE_PHASE = "bronze + silver"
-#: Seconds from the start of the query's batch to the current table's commit (what a reader
-#: waits for, beside the wait for the batch to start).
+#: Seconds from the start of the query's batch to the end of the current table's MERGEs (what a
+#: reader waits for, beside the wait for the batch to start; an upper bound in a batch with
+#: deletes, whose deleted-keys MERGE follows the current table's).
 CURRENT_VISIBLE = "current committed after"
 COMPILES = "compiles"
 
@@ -73,16 +73,9 @@ class PhaseClock:
 
     def __init__(self, compiled: Callable[[], int] = lambda: 0) -> None:
         self.batches: list[dict[str, float]] = []
-        self._local = threading.local()  # the phases open in each thread (appends run alongside)
+        self.open: list[str] = []
         self.compiled = compiled
         self.query_batch_started = 0.0
-
-    @property
-    def open(self) -> list[str]:
-        if not hasattr(self._local, "open"):
-            self._local.open = []
-        opened: list[str] = self._local.open
-        return opened
 
     @contextmanager
     def timing(self, phase: str) -> Iterator[None]:

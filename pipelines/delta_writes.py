@@ -18,7 +18,8 @@ batch's transaction id and its row count, or that the write was a replay Delta s
 Then it starts :func:`prepare_next_transaction` in the background: the next write's transaction-id
 check needs the table's reconstructed state, which Delta builds with Spark jobs; started at the
 commit, it overlaps with the stream's bookkeeping and any wait for the next trigger (batches that
-run back to back still wait for it), and it writes the checkpoints of bronze tables.
+run back to back still wait for it), and it writes the checkpoints of the tables created for it
+(:data:`BACKGROUND_CHECKPOINT_PROPERTIES`: bronze and silver).
 
 A MERGE that meets a concurrent OPTIMIZE (table maintenance) is retried under the same
 transaction id (:func:`retry_on_maintenance`): maintenance never fails a stream.

@@ -3,7 +3,7 @@
 :func:`build_stages` makes the stages a spec declares, in order (:data:`STAGE_KINDS`). Each stage
 either runs as its own streaming query with its own checkpoint, reading what the stage before it
 wrote (silver reads the bronze table as a Delta stream), or is *fused*: it writes inside the
-previous query's ``foreachBatch``, on the very rows that query just wrote, under that query's batch
+previous query's ``foreachBatch``, on the very rows that query writes, under that query's batch
 ids. Both are exactly once for the same reason: every write carries the batch id of the query it
 runs in as its Delta transaction version (:mod:`pipelines.delta_writes`).
 

@@ -65,6 +65,6 @@ class Stage(Protocol):
 
     def write_with(self, batch: DataFrame, batch_id: int, fused: Sequence[Stage]) -> None:
         """Write one batch of the stage's own query, and the stages ``fused`` into it (those
-        without a query of their own that follow it) on the rows it wrote, under its batch id.
+        without a query of their own that follow it) on the rows it writes, under its batch id.
         A stage that cannot host fused stages refuses any (see :class:`pipelines.stages.base.QueryStage`)."""
         ...
