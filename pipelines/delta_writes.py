@@ -61,7 +61,7 @@ _ROW_METRICS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class TableHeader:
     """What a flow checks of an existing Delta table before it writes: its latest version's
     properties, partition columns and whether it holds any data file."""

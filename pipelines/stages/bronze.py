@@ -130,6 +130,7 @@ class BronzeStage:
 
     def write_batch(self, batch: DataFrame, batch_id: int) -> BatchCommit:
         """Write one micro-batch idempotently; runs in the driver for every batch."""
+        self._check_lease()
         return self.write_rows(self.rows(batch), batch_id)
 
     def starting(self, trigger_mode: str) -> None:
@@ -153,7 +154,7 @@ class BronzeStage:
             self._check_lease()
             for stage in fused:
                 stage.write_batch(rows, batch_id)
-            self.write_rows(rows, batch_id, lease_checked=True)
+            self.write_rows(rows, batch_id)
         finally:
             rows.unpersist()
 
@@ -161,14 +162,10 @@ class BronzeStage:
         if self.guard is not None:
             self.guard.check()  # LeaseLostError fails the query before anything is written
 
-    def write_rows(
-        self, rows: DataFrame, batch_id: int, lease_checked: bool = False
-    ) -> BatchCommit:
-        """Append bronze rows (see :meth:`rows`) under the batch's transaction id
-        (``lease_checked``: the caller checked the lease before the batch's first write)."""
+    def write_rows(self, rows: DataFrame, batch_id: int) -> BatchCommit:
+        """Append bronze rows (see :meth:`rows`) under the batch's transaction id; the caller
+        checked the lease before the batch's first write."""
         assert self.identity is not None, "prepare() runs before the query starts"
-        if not lease_checked:
-            self._check_lease()
         write = append_idempotently(
             rows,
             self.spec.target.table,

@@ -383,6 +383,7 @@ def kill_after_merge_commit(
     landed in the window: kill. Else resume and wait for the next version, at most ``tries`` times.
     ``poll``: how often the Delta log is looked at (on an object store each look is a request).
     """
+    waiting = pending or (lambda batch: not files.batch_committed(batch))
     seen = max(files.latest_delta_version(), 0)
     deadline = time.monotonic() + timeout
     for attempt in range(1, tries + 1):
@@ -398,7 +399,6 @@ def kill_after_merge_commit(
             version = files.latest_delta_version()
             txn = files.delta_txn(version)
             merged = commit_operation(files, version) == "MERGE"
-            waiting = pending or (lambda batch: not files.batch_committed(batch))
             if merged and txn is not None and waiting(txn[1]):
                 group.kill()
                 aim.hits += 1
