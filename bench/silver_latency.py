@@ -17,8 +17,11 @@ Each rate asked for (``--silver-rates``, issue 25: 500, 2,000 and 5,000 changes/
 each after a minute of warm-up) runs with a fresh flow, topic and runner, for each trigger interval
 and chaining design asked for: ``chaining: bronze_batch`` (silver written in bronze's
 ``foreachBatch``, the fresher) by default, ``chaining: stream`` (silver as its own query reading
-the bronze table) on request. At the rates of ``--silver-history-rates`` the flow runs once more
-with a history table, whose latency is measured from the same events.
+the bronze table) on request, and ``hand_written`` (``bench/hand_written_cdc.py``: the minimal
+MERGE job a user writes by hand, not exactly-once) beside them as a floor, reported as the ratio
+Conflux / hand-written and never judged against a target. At the rates of
+``--silver-history-rates`` the flow runs once more with a history table, whose latency is measured
+from the same events (the hand-written job keeps none).
 
 ``silver_store`` (:func:`run_silver_store`): one design, the same rate and duration, run twice in
 one run: the lake and checkpoints on the local disk, then on the benchmark's own S3 store
@@ -70,6 +73,8 @@ KEY_POOL = 20_000
 FIRST_LSN = 1_000_000
 PERMUTE = 2_654_435_761
 PROGRESS = "conflux.progress "
+#: The design that is not Conflux: the minimal hand-written MERGE job (bench/hand_written_cdc.py).
+HAND_WRITTEN = "hand_written"
 
 
 def _cdc_module() -> Any:
@@ -254,21 +259,21 @@ def run_design(
     on S3, its master: they reach it through its environment only); ``tag``: part of the
     folder's and the topic's names; ``spark_conf``: Spark settings of the runner; ``history``:
     the flow keeps a history table too, and its latency is measured beside the current's."""
-    name = f"silverlat{n}"
     topic = f"bench_cdc_{n}{tag}"
     runtime = workdir / f"silver-latency-{n}{tag}"
-    spec_file = runtime / "flows" / f"{name}.yaml"
-    spec_file.parent.mkdir(parents=True, exist_ok=True)
-    spec_file.write_text(yaml.safe_dump(flow_spec(name, topic, chaining, interval, history)))
     create_topic(bootstrap, topic, partitions=3)
     lake = bench_settings(runtime, jars_dir, overrides=overrides).lake
-    reader = Reader(lake / "silver" / f"{name}_current")
-    readers = [reader]
-    if history:
-        readers.append(Reader(lake / "silver" / f"{name}_history", "_valid_from"))
+    if chaining == HAND_WRITTEN:
+        if history or overrides:
+            raise BenchError(f"{HAND_WRITTEN} keeps no history table and runs on local disk only")
+        command, tables = _hand_written(runtime, bootstrap, topic, interval)
+    else:
+        command, tables = _conflux_flow(runtime, lake, f"silverlat{n}", topic, chaining, interval,
+                                        history)  # fmt: skip
+    reader = Reader(tables[0])
+    readers = [reader] + [Reader(table, "_valid_from") for table in tables[1:]]
     sent: dict[int, float] = {}
     env = conflux_env(runtime, jars_dir, bootstrap, spark_conf, overrides)
-    command = [PYTHON, "-m", "pipelines.runner", "--spec", str(spec_file)]
     say(f"silver_latency: chaining {chaining}, trigger every {interval}: starting the runner")
     with Child(command, env, runtime / "runner.log") as child:
         child.wait_for_text("conflux: started ", 600)
@@ -330,6 +335,38 @@ def run_design(
     }
 
 
+def _conflux_flow(
+    runtime: Path,
+    lake: Location,
+    name: str,
+    topic: str,
+    chaining: str,
+    interval: str,
+    history: bool,
+) -> tuple[list[str], list[Location]]:
+    """The runner's command for the measured flow, and its current (and history) table."""
+    spec_file = runtime / "flows" / f"{name}.yaml"
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(yaml.safe_dump(flow_spec(name, topic, chaining, interval, history)))
+    tables = [lake / "silver" / f"{name}_current"]
+    if history:
+        tables.append(lake / "silver" / f"{name}_history")
+    return [PYTHON, "-m", "pipelines.runner", "--spec", str(spec_file)], tables
+
+
+def _hand_written(
+    runtime: Path, bootstrap: str, topic: str, interval: str
+) -> tuple[list[str], list[Location]]:
+    """The hand-written job's command (``bench/hand_written_cdc.py``) and its current table."""
+    table = runtime / "hand-written" / "current"
+    command = [
+        PYTHON, str(PROJECT_ROOT / "bench" / "hand_written_cdc.py"), "--bootstrap", bootstrap,
+        "--topic", topic, "--table", str(table), "--interval", interval,
+        "--checkpoint", str(runtime / "hand-written" / "checkpoint"),
+    ]  # fmt: skip
+    return command, [Location.local(table)]
+
+
 def _latencies(
     reader: Reader, sent: dict[int, float], measured_from: int, chaining: str
 ) -> list[float]:
@@ -363,10 +400,12 @@ def run_silver_latency(
     of ``history_rates`` once more with a history table in the flow (its latency measured too)."""
     runs = [(pace, False) for pace in paces]
     runs += [(pace, True) for pace in paces if pace.rate in history_rates]
-    results = []
+    results: list[dict[str, Any]] = []
     for pace, history in runs:
         for interval in intervals:
             for chaining in designs:
+                if history and chaining == HAND_WRITTEN:
+                    continue  # it keeps no history table
                 result = run_design(
                     workdir, jars_dir, bootstrap, pace, chaining, interval, len(results),
                     history=history,
@@ -408,21 +447,34 @@ def _outcome(results: list[dict[str, Any]]) -> Outcome:
                     "the same run and events: every update opens a version at its lsn",
                 )
             )
+    return Outcome(rows + _ratios(results), {"results": results})
+
+
+#: Latency ratios a run reports when it measured both designs: (numerator, denominator, meaning).
+RATIOS = (
+    ("stream", "bronze_batch", "> 1: bronze_batch is faster"),
+    ("bronze_batch", HAND_WRITTEN, "what Conflux's batch costs over a bare MERGE job"),
+)
+
+
+def _ratios(results: list[dict[str, Any]]) -> list[Row]:
     by = {(r["chaining"], r["interval"], r["pace"]["rate"], r["history"]): r for r in results}
+    rows = []
     for (chaining, interval, rate, history), r in by.items():
-        if chaining == "bronze_batch" and ("stream", interval, rate, history) in by:
-            s = by[("stream", interval, rate, history)]["latency_ms"]
-            b = r["latency_ms"]
+        for over, under, meaning in RATIOS:
+            if chaining != under or (over, interval, rate, history) not in by:
+                continue
+            o, u = by[(over, interval, rate, history)]["latency_ms"], r["latency_ms"]
             rows.append(
                 Row(
                     "silver_latency",
-                    f"ratio stream / bronze_batch, {rate:g}/s, trigger {interval}"
+                    f"ratio {over} / {under}, {rate:g}/s, trigger {interval}"
                     + (", with a history table" if history else ""),
-                    " / ".join(f"{s[k] / b[k]:.2f}" for k in ("p50", "p95", "p99")),
-                    "p50 / p95 / p99 latency (> 1: bronze_batch is faster)",
+                    " / ".join(f"{o[k] / u[k]:.2f}" for k in ("p50", "p95", "p99")),
+                    f"p50 / p95 / p99 latency ({meaning})",
                 )
             )
-    return Outcome(rows, {"results": results})
+    return rows
 
 
 def _run_label(result: dict[str, Any]) -> str:
@@ -447,8 +499,8 @@ def targets(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     for table, rate, history, goal in P99_TARGETS_MS:
         key = "history_latency_ms" if table == "history" else "latency_ms"
-        runs = [r for r in results
-                if r["pace"]["rate"] == rate and r["history"] == history and key in r]  # fmt: skip
+        runs = [r for r in results if r["chaining"] != HAND_WRITTEN
+                and r["pace"]["rate"] == rate and r["history"] == history and key in r]  # fmt: skip
         run = min(runs, key=lambda r: r[key]["p99"], default=None)
         if run is None:
             continue

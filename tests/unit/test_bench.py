@@ -132,6 +132,23 @@ def test_silver_targets_judge_freshness_merge_and_history() -> None:
     assert history == ("0.40x", "met")
 
 
+def test_the_hand_written_floor_is_a_ratio_never_a_verdict() -> None:
+    """The hand-written MERGE job runs beside Conflux as a floor: its latency is reported as the
+    ratio Conflux / floor, and a target is judged on Conflux's runs only, even when the floor's
+    p99 is lower."""
+    from bench.silver_latency import HAND_WRITTEN, _ratios
+
+    conflux = {**_latency_run(500, False, 8_000), "interval": "500 milliseconds"}
+    floor = {**conflux, "chaining": HAND_WRITTEN,
+             "latency_ms": {"p50": 2_000.0, "p95": 4_000.0, "p99": 5_000.0, "max": 6_000.0}}  # fmt: skip
+    verdicts = {t: (m, v) for t, m, v in targets({"silver_latency": {"results": [conflux, floor]}})}
+    assert verdicts["silver: p99 produce → current table <= 5 s at 500 changes/s"] == (
+        "8,000 ms (bronze_batch)", "**not met**")  # fmt: skip
+    (ratio,) = _ratios([conflux, floor])
+    assert ratio.metric == "ratio bronze_batch / hand_written, 500/s, trigger 500 milliseconds"
+    assert ratio.value == "2.00 / 1.80 / 1.60"
+
+
 def test_markdown_states_command_figures_and_plots() -> None:
     text = markdown(_document())
     assert "do not edit by hand" in text
