@@ -167,7 +167,8 @@ def targets(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
         rate = overall_rate(r)
         rows.append((
             f"MERGE >= {goal:,.0f} change events/s into a {r['keys']:,}-key current table, "
-            f"{r.get('shape', 'uniform')} updates, OPTIMIZE included",
+            f"{r.get('shape', 'uniform')} updates, batches of {r['batch']:,} change events, "
+            "OPTIMIZE included",
             f"{rate:,.0f}/s", "met" if rate >= goal else "**not met**",
         ))  # fmt: skip
     for history, current in history_pairs(results):

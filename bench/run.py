@@ -204,7 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--merge-batch",
         type=int,
         nargs="+",
-        default=[500_000],
+        default=[500_000, 1_500_000],
         help="merge_throughput: change events per batch (20%% inserts of new keys, 80%% updates "
         "of existing keys, --merge-changes-per-key each)",
     )
