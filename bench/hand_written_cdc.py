@@ -32,8 +32,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +43,12 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
+from bench.silver_latency import PROGRESS, SCHEMA_DDL
+from pipelines.delta_writes import idempotent_session
 from pipelines.spark import get_spark_session
 
 #: The current table's columns: the row's own, then the change's position (Debezium's lsn).
-COLUMNS = "id BIGINT, name STRING, email STRING, tier STRING, updated_at TIMESTAMP"
-PROGRESS = "conflux.progress "
+COLUMNS = SCHEMA_DDL  # the produced events' rows
 
 
 def parse_args() -> argparse.Namespace:
@@ -104,7 +104,7 @@ def write_batch(args: argparse.Namespace, batch: DataFrame, batch_id: int) -> No
     if args.events or args.bronze:
         batch = batch.persist()  # read more than once
     try:
-        with _merge_transaction(batch.sparkSession, batch_id if txn else None):
+        with idempotent_session(batch.sparkSession, "current", batch_id) if txn else nullcontext():
             # the batch's own session: the one whose confs carry the transaction id
             merge_batch(DeltaTable.forPath(batch.sparkSession, args.table), batch)
         if args.events:
@@ -113,19 +113,6 @@ def write_batch(args: argparse.Namespace, batch: DataFrame, batch_id: int) -> No
             _append(batch, args.bronze, batch_id if txn else None)
     finally:
         batch.unpersist()
-
-
-@contextmanager
-def _merge_transaction(spark: SparkSession, batch_id: int | None) -> Iterator[None]:
-    """With a batch id, the MERGE in the block carries the transaction id (current, batch id)."""
-    confs = {"txnAppId": "current", "txnVersion": str(batch_id)} if batch_id is not None else {}
-    for key, value in confs.items():
-        spark.conf.set(f"spark.databricks.delta.write.{key}", value)
-    try:
-        yield
-    finally:
-        for key in confs:
-            spark.conf.unset(f"spark.databricks.delta.write.{key}")
 
 
 def _append(frame: DataFrame, path: str, batch_id: int | None) -> None:
