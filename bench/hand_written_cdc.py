@@ -28,6 +28,7 @@ from them) and stops gracefully on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
@@ -44,11 +45,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 from bench.silver_latency import PROGRESS, SCHEMA_DDL
+from pipelines.catalog.lifecycle import ddl_struct
 from pipelines.delta_writes import idempotent_session
 from pipelines.spark import get_spark_session
-
-#: The current table's columns: the row's own, then the change's position (Debezium's lsn).
-COLUMNS = SCHEMA_DDL  # the produced events' rows
 
 
 def parse_args() -> argparse.Namespace:
@@ -73,10 +72,11 @@ def envelope_schema() -> str:
     return f"before STRUCT<{row}>, after STRUCT<{row}>, op STRING, source STRUCT<lsn: BIGINT>"
 
 
+@functools.cache
 def _columns() -> list[tuple[str, str]]:
-    """(name, type) of each column of :data:`COLUMNS`."""
-    pairs = (part.strip().split(" ", 1) for part in COLUMNS.split(","))
-    return [(name, kind) for name, kind in pairs]
+    """(name, type) of each column of the produced rows (``SCHEMA_DDL``), the current table's
+    columns before ``_sequence``."""
+    return [(f.name, f.dataType.simpleString()) for f in ddl_struct(SCHEMA_DDL).fields]
 
 
 def parsed_changes(batch: DataFrame) -> DataFrame:
@@ -162,7 +162,7 @@ class BatchLines(StreamingQueryListener):
 def main() -> int:
     args = parse_args()
     spark: SparkSession = get_spark_session("bench-hand-written-cdc", ui=False)
-    schema = spark.createDataFrame([], f"{COLUMNS}, _sequence BIGINT").schema
+    schema = ddl_struct(f"{SCHEMA_DDL}, _sequence BIGINT")
     DeltaTable.createIfNotExists(spark).location(args.table).addColumns(schema).execute()
     spark.streams.addListener(BatchLines())
     query = (
