@@ -64,14 +64,28 @@ def new_owner_id(kind: str) -> str:
 _IDENTITY_ONLY = frozenset({"pidns", "started"})
 
 
-def _start_ticks(pid: int | str) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22): a
-    pid reused by a later process has another; None when unknown."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 (the state) on, or None when unknown."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]
+    return stat.rpartition(")")[2].split()
+
+
+def _start_ticks(pid: int | str) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22): a
+    pid reused by a later process has another; None when unknown."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
+
+
+def _exited(pid: int | str) -> bool:
+    """Whether ``pid`` has exited but not yet been reaped (a zombie, state Z or X): it still
+    answers ``kill(pid, 0)`` but runs nothing. A launcher killed with its parent stays so until
+    init reaps it, and renews nothing meanwhile."""
+    fields = _stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] in ("Z", "X")
 
 
 @functools.cache
@@ -107,7 +121,7 @@ def process_gone(host: str | None, pid: str | int | None) -> bool:
         return True
     except (PermissionError, ValueError):
         return False
-    return False
+    return _exited(pid)
 
 
 def owner_process_gone(term: LeaseTerm) -> bool:
@@ -363,17 +377,18 @@ class LeaseGuard:
             )
         if term.released:
             raise LeaseLostError(f"flow {self.flow}: {self.owner} released the lease")
+        if term.details.get("launcher") != IN_PROCESS_LAUNCHER and owner_process_gone(term):
+            # Its launcher renews the lease and releases it once the application exits: gone
+            # (kill -9, OOM), it does neither, so the application stops now, not at the expiry.
+            # Asked before the expiry: a check that comes late (a busy driver) names the cause.
+            raise LeaseLostError(
+                f"flow {self.flow}: its launcher {self.owner} (pid {term.details.get('pid')} on "
+                f"{term.details.get('host')}) is gone: nothing renews the lease"
+            )
         if not term.live(margin=term.duration / 3):
             raise LeaseLostError(
                 f"flow {self.flow}: the lease of {self.owner} expires at "
                 f"{iso_utc(term.expires_at)} and was not renewed (is its launcher gone?)"
-            )
-        if term.details.get("launcher") != IN_PROCESS_LAUNCHER and owner_process_gone(term):
-            # Its launcher renews the lease and releases it once the application exits: gone
-            # (kill -9, OOM), it does neither, so the application stops now, not at the expiry.
-            raise LeaseLostError(
-                f"flow {self.flow}: its launcher {self.owner} (pid {term.details.get('pid')} on "
-                f"{term.details.get('host')}) is gone: nothing renews the lease"
             )
         return term
 
