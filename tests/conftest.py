@@ -130,6 +130,18 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def spark_scratch_in_pytest_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every Spark JVM the suite starts (its session, spark-submit launches, Dagster runs) keeps
+    its scratch (``spark-*/userFiles``: ~50 MB of jars copied per driver, ``blockmgr-*``) under
+    pytest's temporary folder, not ``/tmp``. A driver the suite kills with SIGKILL never deletes
+    its own; pytest removes its folders but the last three runs', so they cannot pile up on a
+    machine that runs the suite again and again (hundreds were left in ``/tmp`` on one)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPARK_LOCAL_DIRS", str(tmp_path_factory.mktemp("spark-scratch")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def kafka_jars_dir() -> Path:
     """The real jars folder (``load_settings().jars_dir``); fails, never skips, if it is missing."""
