@@ -18,7 +18,8 @@ floor for any design whose batch MERGEs into a Delta current-state table.
 Three flags add Conflux's own writes one at a time, to see what each costs beside the floor:
 ``--transaction-ids`` (every write carries the batch's id, as Conflux's do), ``--events PATH``
 (the parsed changes appended to an events table) and ``--bronze PATH`` (the raw Kafka rows
-appended to a bronze table, last). The harness runs it bare.
+appended to a bronze table, last). The harness runs it bare (``hand_written``) and with all
+three (``hand_written_exactly_once``: Conflux's writes, without the rest of its batch).
 
 Prints ``conflux: started hand_written`` when the query runs (the harness waits for it), a
 ``conflux.progress {json}`` line per batch (``stage``: ``merge``; the harness reads batch times

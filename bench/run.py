@@ -48,7 +48,12 @@ from bench.report import RESULTS_HEADER, document, markdown_block, write_json
 from bench.rules import Plan as RulesPlan
 from bench.rules import run_rules_throughput
 from bench.session_start import run_session_start
-from bench.silver_latency import HAND_WRITTEN, run_silver_latency, run_silver_store
+from bench.silver_latency import (
+    HAND_WRITTEN,
+    HAND_WRITTEN_EXACTLY_ONCE,
+    run_silver_latency,
+    run_silver_store,
+)
 from bench.stateful import Plan as StatefulPlan
 from bench.stateful import run_gold_stateful
 from bench.store import StorePlan, run_store
@@ -265,11 +270,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--silver-designs",
         nargs="+",
-        choices=("stream", "bronze_batch", HAND_WRITTEN),
-        default=["bronze_batch", HAND_WRITTEN],
+        choices=("stream", "bronze_batch", HAND_WRITTEN, HAND_WRITTEN_EXACTLY_ONCE),
+        default=["bronze_batch", HAND_WRITTEN, HAND_WRITTEN_EXACTLY_ONCE],
         help="silver_latency: chaining designs (stream, the default chaining, was measured against "
-        f"bronze_batch in bench/HISTORY.md), and {HAND_WRITTEN}: the minimal MERGE job a user "
-        "writes by hand (bench/hand_written_cdc.py), the floor beside them",
+        f"bronze_batch in bench/HISTORY.md), {HAND_WRITTEN}: the minimal MERGE job a user "
+        f"writes by hand (bench/hand_written_cdc.py), the floor beside them, and "
+        f"{HAND_WRITTEN_EXACTLY_ONCE}: that job with Conflux's bronze and events appends, every "
+        "write carrying its batch's transaction id",
     )
     parser.add_argument(
         "--silver-store-design",

@@ -136,7 +136,7 @@ def test_the_hand_written_floor_is_a_ratio_never_a_verdict() -> None:
     """The hand-written MERGE job runs beside Conflux as a floor: its latency is reported as the
     ratio Conflux / floor, and a target is judged on Conflux's runs only, even when the floor's
     p99 is lower."""
-    from bench.silver_latency import HAND_WRITTEN, _ratios
+    from bench.silver_latency import HAND_WRITTEN, HAND_WRITTEN_EXACTLY_ONCE, _ratios
 
     conflux = {**_latency_run(500, False, 8_000), "interval": "500 milliseconds"}
     floor = {**conflux, "chaining": HAND_WRITTEN,
@@ -147,6 +147,16 @@ def test_the_hand_written_floor_is_a_ratio_never_a_verdict() -> None:
     (ratio,) = _ratios([conflux, floor])
     assert ratio.metric == "ratio bronze_batch / hand_written, 500/s, trigger 500 milliseconds"
     assert ratio.value == "2.00 / 1.80 / 1.60"
+    same_writes = {**floor, "chaining": HAND_WRITTEN_EXACTLY_ONCE,
+                   "latency_ms": {"p50": 4_000.0, "p95": 6_000.0, "p99": 6_400.0}}  # fmt: skip
+    results = [conflux, floor, same_writes]
+    verdicts = {t: (m, v) for t, m, v in targets({"silver_latency": {"results": results}})}
+    assert verdicts["silver: p99 produce → current table <= 5 s at 500 changes/s"] == (
+        "8,000 ms (bronze_batch)", "**not met**")  # fmt: skip
+    assert [r.metric.split(",")[0] for r in _ratios(results)] == [
+        "ratio bronze_batch / hand_written",
+        "ratio bronze_batch / hand_written_exactly_once",
+    ]
 
 
 def test_markdown_states_command_figures_and_plots() -> None:
