@@ -221,7 +221,7 @@ chaos: setup project-bytecode ## Full-scale kill -9 runs of bronze, silver (loca
 		tests/e2e/test_cluster.py::test_executor_worker_and_driver_killed_mid_batch_lose_nothing \
 		tests/integration/test_debezium_source.py::test_kills_of_the_worker_and_of_spark_lose_and_double_nothing
 
-bench: setup project-bytecode ## Full benchmark run (~3 h: bronze, silver freshness beside a hand-written MERGE job, MERGE at 10M keys): regenerates BENCHMARKS.md
+bench: setup project-bytecode ## Full benchmark run (~3.5 h: bronze, silver freshness beside a hand-written MERGE job bare and with the same exactly-once writes, MERGE at 10M keys): regenerates BENCHMARKS.md
 	$(PY) bench/run.py --write-benchmarks
 
 bench-quick: setup ## Smoke run of the benchmarks (~7 min): every runner, same rows and offsets
