@@ -139,7 +139,8 @@ def test_a_killed_launcher_not_yet_reaped_is_gone_and_named_past_the_expiry(
     launcher.kill()  # not waited for: a zombie, as under a parent killed at the same time
     stat = Path(f"/proc/{launcher.pid}/stat")
     deadline = time.monotonic() + 5
-    while stat.read_text().rpartition(")")[2].split()[0] != "Z" and time.monotonic() < deadline:
+    while (state := stat.read_text().rpartition(")")[2].split()[0]) != "Z":
+        assert time.monotonic() < deadline, f"the killed launcher stays in state {state}"
         time.sleep(0.01)
     time.sleep(2.1)  # a third of the duration left: past the guard's margin
     with pytest.raises(LeaseLostError, match=r"its launcher cli-1 .* is gone"):
