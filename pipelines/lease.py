@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelines.errors import ConfigError
+from pipelines.processes import exited, stat_fields
 from pipelines.storage import LocalStorage, StateStorage, join
 from pipelines.timestamps import iso_utc
 
@@ -64,28 +65,11 @@ def new_owner_id(kind: str) -> str:
 _IDENTITY_ONLY = frozenset({"pidns", "started"})
 
 
-def _stat_fields(pid: int | str) -> list[str] | None:
-    """``/proc/<pid>/stat`` from field 3 (the state) on, or None when unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()
-
-
 def _start_ticks(pid: int | str) -> str | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22): a
     pid reused by a later process has another; None when unknown."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[19] if fields else None
-
-
-def _exited(pid: int | str) -> bool:
-    """Whether ``pid`` has exited but not yet been reaped (a zombie, state Z or X): it still
-    answers ``kill(pid, 0)`` but runs nothing. A launcher killed with its parent stays so until
-    init reaps it, and renews nothing meanwhile."""
-    fields = _stat_fields(pid)
-    return fields is not None and bool(fields) and fields[0] in ("Z", "X")
 
 
 @functools.cache
@@ -121,7 +105,7 @@ def process_gone(host: str | None, pid: str | int | None) -> bool:
         return True
     except (PermissionError, ValueError):
         return False
-    return _exited(pid)
+    return exited(pid)  # a zombie renews nothing: gone
 
 
 def owner_process_gone(term: LeaseTerm) -> bool:
