@@ -20,10 +20,10 @@ and chaining design asked for: ``chaining: bronze_batch`` (silver written in bro
 the bronze table) on request, and ``hand_written`` (``bench/hand_written_cdc.py``: the minimal
 MERGE job a user writes by hand, not exactly-once) beside them as a floor, reported as the ratio
 Conflux / hand-written and never judged against a target; ``hand_written_exactly_once`` is that
-job making Conflux's three writes (bronze, events, the MERGE), each with its batch's transaction
-id: the ratio to it is what the rest of Conflux's batch costs. At the rates of
-``--silver-history-rates`` the flow runs once more with a history table, whose latency is measured
-from the same events (the hand-written job keeps none).
+job making Conflux's three writes (the MERGE, the events append, the bronze append last), each
+with its batch's transaction id: the ratio to it is what the rest of Conflux's batch costs. At the
+rates of ``--silver-history-rates`` the flow runs once more with a history table, whose latency is
+measured from the same events (the hand-written job keeps none).
 
 ``silver_store`` (:func:`run_silver_store`): one design, the same rate and duration, run twice in
 one run: the lake and checkpoints on the local disk, then on the benchmark's own S3 store
@@ -76,8 +76,9 @@ FIRST_LSN = 1_000_000
 PERMUTE = 2_654_435_761
 PROGRESS = "conflux.progress "
 #: The designs that are not Conflux (bench/hand_written_cdc.py): the minimal hand-written MERGE
-#: job, and the same job making Conflux's three per-batch writes exactly once (bronze and events
-#: appends, the MERGE, each with the batch's transaction id): what those writes cost on Delta.
+#: job, and the same job making Conflux's three per-batch writes exactly once (the MERGE, the
+#: events append, the bronze append last, each with the batch's transaction id): what those
+#: writes cost on Delta.
 HAND_WRITTEN = "hand_written"
 HAND_WRITTEN_EXACTLY_ONCE = "hand_written_exactly_once"
 HAND_WRITTEN_DESIGNS = (HAND_WRITTEN, HAND_WRITTEN_EXACTLY_ONCE)

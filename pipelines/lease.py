@@ -96,7 +96,8 @@ IN_PROCESS_LAUNCHER = "pipelines.runner"
 
 
 def process_gone(host: str | None, pid: str | int | None) -> bool:
-    """Whether ``pid`` was a process on this host that no longer exists (False if unknown)."""
+    """Whether ``pid`` was a process on this host that no longer exists or has exited and is not
+    yet reaped (a zombie); False if unknown."""
     if host != socket.gethostname() or not pid:
         return False
     try:
@@ -110,8 +111,9 @@ def process_gone(host: str | None, pid: str | int | None) -> bool:
 
 def owner_process_gone(term: LeaseTerm) -> bool:
     """Whether the term's owner was a process on this host, in this pid namespace, that no longer
-    exists (its pid free, or taken by a process started later). False when that cannot be known:
-    another host, another pid namespace (a container sharing the host's name)."""
+    runs (its pid free, a zombie not yet reaped, or taken by a process started later). False when
+    that cannot be known: another host, another pid namespace (a container sharing the host's
+    name)."""
     details = term.details
     if details.get("pidns", _pid_namespace()) != _pid_namespace():
         return False
