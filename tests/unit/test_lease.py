@@ -130,7 +130,8 @@ def test_a_killed_launcher_not_yet_reaped_is_gone_and_named_past_the_margin(
 ) -> None:
     """A launcher killed with its parent stays a zombie until init reaps it: it still answers
     kill(pid, 0) but renews nothing, so it is gone. A guard that checks late (a busy driver, the
-    lease past its margin) names that cause, not only the margin it let pass."""
+    lease past its margin) names that cause, rather than only the missed renewal that the margin
+    check reports."""
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         details = {"host": socket.gethostname(), "pid": str(launcher.pid), "launcher": "cli"}
