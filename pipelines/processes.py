@@ -22,7 +22,7 @@ def stat_fields(pid: int | str) -> list[str] | None:
 def exited(pid: int | str) -> bool:
     """Whether ``pid`` has exited but is not yet reaped (False when unknown or running)."""
     fields = stat_fields(pid)
-    return bool(fields) and fields is not None and fields[0] in EXITED_STATES
+    return bool(fields and fields[0] in EXITED_STATES)
 
 
 def group_pids(pgid: int) -> list[int]:

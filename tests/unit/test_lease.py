@@ -20,6 +20,7 @@ from pipelines.lease import (
     owner_details,
     owner_process_gone,
 )
+from pipelines.processes import stat_fields
 
 
 def lease(folder: Path, owner: str, duration: float = 30.0) -> FlowLease:
@@ -139,10 +140,9 @@ def test_a_killed_launcher_not_yet_reaped_is_gone_and_named_past_the_margin(
         guard = LeaseGuard("orders", FileLeaseStore(tmp_path), "cli-1")
         guard.check()
         launcher.kill()  # not waited for: a zombie, as under a parent killed at the same time
-        stat = Path(f"/proc/{launcher.pid}/stat")
         deadline = time.monotonic() + 5
-        while (state := stat.read_text().rpartition(")")[2].split()[0]) != "Z":
-            assert time.monotonic() < deadline, f"the killed launcher stays in state {state}"
+        while (fields := stat_fields(launcher.pid)) is None or fields[0] != "Z":
+            assert time.monotonic() < deadline, f"the killed launcher stays as {fields}"
             time.sleep(0.01)
         time.sleep(2.1)  # a third of the duration left: past the guard's margin
         with pytest.raises(LeaseLostError, match=r"its launcher cli-1 .* is gone"):
