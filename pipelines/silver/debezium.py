@@ -322,10 +322,13 @@ def mismatch(field: StructField, text: Column, decoded: Column, image: Column) -
     if isinstance(field.dataType, LongType):
         calendar = F.lit(f".{field.name} ({described}; {_CALENDAR_INTERVAL})")
         why = F.when(_calendar_interval(text), calendar).otherwise(why)
-    return F.when(
-        text.isNotNull() & decoded.isNull() & ~unavailable(text),
-        F.concat(image, why),
-    )
+    return F.when(~decoded_as_sent(text, decoded), F.concat(image, why))
+
+
+def decoded_as_sent(text: Column, decoded: Column) -> Column:
+    """Whether ``decoded`` (:func:`decode` of ``text``) holds what was sent: ``text`` is null, or
+    the TOAST placeholder, or it decoded. False exactly when :func:`mismatch` names the column."""
+    return ~(text.isNotNull() & decoded.isNull() & ~unavailable(text))
 
 
 def unavailable_columns(row: StructType, image: Column) -> Column:

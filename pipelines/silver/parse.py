@@ -148,11 +148,12 @@ def _parse_failure(text: Column, utf8_ok: Column, parsed: Column, mismatch: Colu
 
 def _decoded_image(
     row: StructType, spec: SilverSpec, present: Column, op: Column, reasons: list[Column]
-) -> tuple[dict[str, Column], list[Column]]:
+) -> tuple[dict[str, Column], list[Column], Column]:
     """The Debezium row image (``_image``, read by :func:`debezium.wire_row`) decoded into the
-    declared types (:mod:`pipelines.silver.debezium`), and ``reasons`` with one more: values that
-    did not decode. A TOAST placeholder decodes to null; :data:`UNAVAILABLE` names its column,
-    and :mod:`pipelines.silver.changes` carries the key's stored value forward into it."""
+    declared types (:mod:`pipelines.silver.debezium`), ``reasons`` with one more: values that
+    did not decode, and whether every value decoded (so that reason is null). A TOAST
+    placeholder decodes to null; :data:`UNAVAILABLE` names its column, and
+    :mod:`pipelines.silver.changes` carries the key's stored value forward into it."""
     image, encodings = F.col("_image"), F.col("_encodings")
     decoded = {
         f.name: F.when(
@@ -174,7 +175,10 @@ def _decoded_image(
         *reasons,
         _reason_when(present & failed.isNotNull(), F.concat(F.lit(SCHEMA_MISMATCH), failed)),
     ]
-    return decoded, reasons
+    all_decoded = F.lit(True)
+    for f in row.fields:
+        all_decoded = all_decoded & debezium.decoded_as_sent(image[f.name], decoded[f.name])
+    return decoded, reasons, all_decoded
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,9 @@ class _Columns:
     lsn: Column
     default_event_time: Column
     reasons: list[Column]
+    #: True only for a row none of ``reasons`` applies to: a cheap test, so that the reasons'
+    #: own expressions (messages, names of the columns at fault) run for the other rows only.
+    clean: Column
     ignored: Column
     unavailable: Column
 
@@ -268,14 +275,19 @@ def _debezium_columns(
     image = F.when(op == "d", F.col("_payload.before")).otherwise(F.col("_payload.after"))
     parsed_ok = F.col("_parse_failure").isNull()
     reasons: list[Column] = [F.col("_parse_failure"), *_op_reasons(op, image, parsed_ok, spec)]
+    # Only the JSON converter's wrapped form ({"schema": ..., "payload": ...}) has a schema to
+    # read: a bare envelope is not searched for one (~10 % of a parse, bench/HISTORY.md).
+    wrapped = F.col("_env.payload").isNotNull()
     encodings = (
-        debezium.column_encodings(value_text)
+        F.when(wrapped, debezium.column_encodings(value_text))
         if debezium.needs_encodings(row)
         else debezium.no_encodings()
     )
     frame = frame.withColumn("_image", image).withColumn("_encodings", encodings)
     frame = debezium.with_exact_decimals(frame, row, spec.debezium)
-    decoded, reasons = _decoded_image(row, spec, parsed_ok & image.isNotNull(), op, reasons)
+    decoded, reasons, all_decoded = _decoded_image(
+        row, spec, parsed_ok & image.isNotNull(), op, reasons
+    )
     ts_ms = F.col("_payload.source.ts_ms")
     return frame, _Columns(
         values=[decoded[f.name].alias(f.name) for f in row.fields],
@@ -287,6 +299,8 @@ def _debezium_columns(
         ),
         # A tombstone is kept as an ignored row, so a batch's rows all show up in its counts.
         reasons=[F.when(~is_tombstone, reason) for reason in reasons],
+        # A TRUNCATE (no image) is not cleared here: its reasons decide.
+        clean=is_tombstone | (parsed_ok & op.isin(*DEBEZIUM_OPS) & image.isNotNull() & all_decoded),
         ignored=is_tombstone,
         unavailable=debezium.unavailable_columns(row, F.col("_image")),
     )
@@ -324,6 +338,7 @@ def _json_columns(
         lsn=F.lit(None).cast("long"),
         default_event_time=F.col("kafka_timestamp"),
         reasons=[F.when(~is_tombstone, failure)],
+        clean=is_tombstone | failure.isNull(),
         ignored=F.lit(False),
         unavailable=F.array().cast("array<string>"),
     )
@@ -352,7 +367,7 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
         parsed_columns.default_event_time.alias("_default_event_time"),
         F.col("key").alias("raw_key"),
         F.col("value").alias("raw_value"),
-        F.filter(F.array(*parsed_columns.reasons), lambda r: r.isNotNull()).alias(REASONS),
+        _reasons_unless(parsed_columns.clean, parsed_columns.reasons).alias(REASONS),
         parsed_columns.ignored.alias(IGNORED),
         parsed_columns.unavailable.alias(UNAVAILABLE),
     )
@@ -376,8 +391,16 @@ def parse_batch(batch: DataFrame, spec: SilverSpec, batch_id: int) -> DataFrame:
         .drop("_default_event_time")
     )
     frame = with_batch_id(frame, batch_id)
-    frame = frame.withColumn(REASONS, F.concat(F.col(REASONS), _row_reasons(spec)))
-    return frame
+    return frame.withColumn(REASONS, _with_row_reasons(spec))
+
+
+def _reasons_unless(clean: Column, reasons: list[Column]) -> Column:
+    """The non-null ``reasons`` as an array; an empty one, without evaluating them, where
+    ``clean``. Most rows parse: this keeps the reasons' expressions (their messages, the names
+    of the columns at fault, the array filtered of nulls) off their path, ~10 % of a Debezium
+    parse (bench/HISTORY.md, "sixteenth session")."""
+    found = F.filter(F.array(*reasons), lambda r: r.isNotNull())
+    return F.when(clean, F.array().cast("array<string>")).otherwise(found)
 
 
 def with_batch_id(frame: DataFrame, batch_id: int) -> DataFrame:
@@ -407,27 +430,36 @@ def parsed_event() -> Column:
     return (F.size(F.col(REASONS)) == 0) & ~F.col(IGNORED)
 
 
-def _row_reasons(spec: SilverSpec) -> Column:
-    """Reasons about a parsed row: a missing key, a null sequence (only once the row parsed)."""
-    parsed = parsed_event()
-    checks: list[Column] = []
+def _with_row_reasons(spec: SilverSpec) -> Column:
+    """:data:`REASONS` with the reasons about a parsed row added: a missing key, a null sequence
+    (only once the row parsed)."""
     keys = [
         *(spec.current.keys if spec.current else ()),
         *(spec.history_keys if spec.history else ()),
     ]
-    if keys:
-        for key in dict.fromkeys(keys):
-            keyed = parsed & (F.col("_op") != TRUNCATE)  # a TRUNCATE has no key: all rows
-            checks.append(_reason_when(keyed & F.col(key).isNull(), f"missing key column {key}"))
-        checks.append(
-            _reason_when(
-                parsed & F.col("_sequence").isNull(),
-                f"sequence value is null (sequence_by: {spec.sequence_expression})",
-            )
+    if not keys:
+        return F.col(REASONS)
+    parsed = parsed_event()
+    keyed = parsed & (F.col("_op") != TRUNCATE)  # a TRUNCATE has no key: all rows
+    checks = [
+        _reason_when(keyed & F.col(key).isNull(), f"missing key column {key}")
+        for key in dict.fromkeys(keys)
+    ]
+    checks.append(
+        _reason_when(
+            parsed & F.col("_sequence").isNull(),
+            f"sequence value is null (sequence_by: {spec.sequence_expression})",
         )
-    if not checks:
-        return F.array().cast("array<string>")
-    return F.filter(F.array(*checks), lambda r: r.isNotNull())
+    )
+    truncate = F.coalesce(F.col("_op") == TRUNCATE, F.lit(False))
+    has_keys = F.lit(True)
+    for key in keys:
+        has_keys = has_keys & F.col(key).isNotNull()
+    # The cheap test first: a row that did not parse gets none of these, nor one with its keys
+    # (or a TRUNCATE) and a sequence.
+    clean = ~parsed | ((truncate | has_keys) & F.col("_sequence").isNotNull())
+    found = F.filter(F.array(*checks), lambda r: r.isNotNull())
+    return F.when(clean, F.col(REASONS)).otherwise(F.concat(F.col(REASONS), found))
 
 
 def events_of(parsed: DataFrame, spec: SilverSpec) -> DataFrame:
