@@ -29,7 +29,8 @@ date: it writes what the Kafka Connect type says (documented per connector, e.g.
 So the row images are read with every declared column as text (:func:`wire_row`: Spark's JSON
 reader keeps a nested object or array as its JSON text), then each column is decoded
 (:func:`decode`) by its encoding: the one the record's own schema names (``{"schema",
-"payload"}``, :func:`column_encodings`), else the spec's ``silver.debezium`` settings. A value
+"payload"}``, :func:`column_encodings`; a bare envelope has none), else the spec's
+``silver.debezium`` settings. A value
 that does not decode is null, and :func:`mismatch` names it with the setting to check; an exact
 decimal that does not fit the declared scale is not rounded: it does not decode.
 """

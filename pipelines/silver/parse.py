@@ -151,8 +151,8 @@ def _decoded_image(
 ) -> tuple[dict[str, Column], list[Column], Column]:
     """The Debezium row image (``_image``, read by :func:`debezium.wire_row`) decoded into the
     declared types (:mod:`pipelines.silver.debezium`), ``reasons`` with one more: values that
-    did not decode, and whether every value decoded (so that reason is null). A TOAST
-    placeholder decodes to null; :data:`UNAVAILABLE` names its column, and
+    did not decode, and whether every value decoded (true implies that reason is null; a TOAST
+    placeholder counts as decoded). A TOAST placeholder decodes to null; :data:`UNAVAILABLE` names its column, and
     :mod:`pipelines.silver.changes` carries the key's stored value forward into it."""
     image, encodings = F.col("_image"), F.col("_encodings")
     decoded = {
@@ -276,7 +276,8 @@ def _debezium_columns(
     parsed_ok = F.col("_parse_failure").isNull()
     reasons: list[Column] = [F.col("_parse_failure"), *_op_reasons(op, image, parsed_ok, spec)]
     # Only the JSON converter's wrapped form ({"schema": ..., "payload": ...}) has a schema to
-    # read: a bare envelope is not searched for one (~10 % of a parse, bench/HISTORY.md).
+    # read: a bare envelope is not searched for one (~10 % of a parse, bench/HISTORY.md), and a
+    # "schema" beside a bare envelope (Debezium writes none) is not read.
     wrapped = F.col("_env.payload").isNotNull()
     encodings = (
         F.when(wrapped, debezium.column_encodings(value_text))
@@ -453,7 +454,7 @@ def _with_row_reasons(spec: SilverSpec) -> Column:
     )
     truncate = F.coalesce(F.col("_op") == TRUNCATE, F.lit(False))
     has_keys = F.lit(True)
-    for key in keys:
+    for key in dict.fromkeys(keys):
         has_keys = has_keys & F.col(key).isNotNull()
     # The cheap test first: a row that did not parse gets none of these, nor one with its keys
     # (or a TRUNCATE) and a sequence.
