@@ -30,9 +30,9 @@ So the row images are read with every declared column as text (:func:`wire_row`:
 reader keeps a nested object or array as its JSON text), then each column is decoded
 (:func:`decode`) by its encoding: the one the record's own schema names (``{"schema",
 "payload"}``, :func:`column_encodings`; a bare envelope has none), else the spec's
-``silver.debezium`` settings. A value
-that does not decode is null, and :func:`mismatch` names it with the setting to check; an exact
-decimal that does not fit the declared scale is not rounded: it does not decode.
+``silver.debezium`` settings. A value that does not decode is null, and :func:`mismatch` names
+it with the setting to check; an exact decimal that does not fit the declared scale is not
+rounded: it does not decode.
 """
 
 from __future__ import annotations

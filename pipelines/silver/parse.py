@@ -152,8 +152,9 @@ def _decoded_image(
     """The Debezium row image (``_image``, read by :func:`debezium.wire_row`) decoded into the
     declared types (:mod:`pipelines.silver.debezium`), ``reasons`` with one more: values that
     did not decode, and whether every value decoded (true implies that reason is null; a TOAST
-    placeholder counts as decoded). A TOAST placeholder decodes to null; :data:`UNAVAILABLE` names its column, and
-    :mod:`pipelines.silver.changes` carries the key's stored value forward into it."""
+    placeholder counts as decoded). A TOAST placeholder decodes to null; :data:`UNAVAILABLE`
+    names its column, and :mod:`pipelines.silver.changes` carries the key's stored value
+    forward into it."""
     image, encodings = F.col("_image"), F.col("_encodings")
     decoded = {
         f.name: F.when(
