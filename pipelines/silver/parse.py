@@ -165,20 +165,17 @@ def _decoded_image(
     }
     wrapped = F.when(F.col("_env.payload").isNotNull(), F.lit("payload.")).otherwise(F.lit(""))
     side = F.concat(wrapped, F.when(op == "d", F.lit("before")).otherwise(F.lit("after")))
-    failed = F.nullif(
-        F.concat_ws(
-            ", ",
-            *(debezium.mismatch(f, image[f.name], decoded[f.name], side) for f in row.fields),
-        ),
-        F.lit(""),
-    )
-    reasons = [
-        *reasons,
-        _reason_when(present & failed.isNotNull(), F.concat(F.lit(SCHEMA_MISMATCH), failed)),
-    ]
     all_decoded = F.lit(True)
     for f in row.fields:
         all_decoded = all_decoded & debezium.decoded_as_sent(image[f.name], decoded[f.name])
+    # Where a value did not decode, mismatch names it: the list is never empty there.
+    failed = F.concat_ws(
+        ", ", *(debezium.mismatch(f, image[f.name], decoded[f.name], side) for f in row.fields)
+    )
+    reasons = [
+        *reasons,
+        _reason_when(present & ~all_decoded, F.concat(F.lit(SCHEMA_MISMATCH), failed)),
+    ]
     return decoded, reasons, all_decoded
 
 
