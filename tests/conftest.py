@@ -52,7 +52,7 @@ TEST_SESSION_JVM_OPTIONS = (
 #: whole-stage code only, 92 s with neither (bench/HISTORY.md, "Generated code compiled again
 #: every batch"). Both paths are Spark's own and give the same results (Spark's tests run each
 #: expression both ways); nothing Conflux runs outside the suite sets them: the demo, the
-#: benchmarks, ``make chaos`` and the quick bench the suite runs keep code generation.
+#: benchmarks (``make bench-quick`` too) and ``make chaos`` keep code generation.
 TEST_SPARK_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
@@ -65,19 +65,18 @@ TEST_DRIVER_CONF = {DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **TEST_SPARK_
 TESTS = Path(__file__).resolve().parent
 #: Seconds each module took in a full run of the suite on two workers (ci20, bench/HISTORY.md,
 #: "SIGTERM ignored in half the suite"; the waits that run lost to ignored SIGTERMs taken off;
-#: test_cluster's estimated, less the driver kill it left to ``make chaos``), rounded. pytest-xdist
-#: hands modules out in this order, so the heaviest go first and the last to finish is a short one,
-#: not a five-minute module run alone on one core. Modules under 15 s are left out: they keep their
+#: test_cluster's estimated, less the driver and Worker kills left to ``make chaos``), rounded.
+#: pytest-xdist hands modules out in this order, so the heaviest go first and the last to finish
+#: is a short one, not a five-minute module run alone on one core. Modules under 15 s are left out: they keep their
 #: collection order, after these.
 MODULE_SECONDS = {
-    "e2e/test_cluster.py": 440,
+    "e2e/test_cluster.py": 380,
     "e2e/test_continuous_run.py": 200,
     "e2e/test_ui_surface.py": 195,
     "e2e/test_flow_runs.py": 140,
     "e2e/test_definitions.py": 30,
     "integration/test_debezium_source.py": 150,
     "integration/test_gold.py": 150,
-    "integration/test_bench_quick.py": 135,
     "integration/test_silver.py": 130,
     "integration/test_gold_join.py": 115,
     "integration/test_quality.py": 110,

@@ -20,8 +20,8 @@ Needs root (the workers' mount namespaces, PostgreSQL run as its own user), as C
 4. :func:`test_executor_worker_and_driver_killed_mid_batch_lose_nothing`: a continuous CDC flow
    under Dagster loses an executor (``make chaos``: then a Worker daemon and its driver too), each
    by SIGKILL in a silver batch caught mid-way, and carries on by itself; every table equals the
-   model. Last: under ``make chaos`` it leaves one worker dead (``CLUSTER_FAULT_KEYS`` sizes it;
-   ``make chaos`` runs it larger).
+   model. Its stream's keys: ``CLUSTER_FAULT_KEYS`` (60; ``make chaos``: 2,000). Last: under
+   ``make chaos`` it leaves one worker dead.
 """
 
 from __future__ import annotations
@@ -436,7 +436,7 @@ def orphan_executor_left(pid: int, timeout: float) -> str | None:
     """Wait for the executor of a killed Worker to exit: Spark's WorkerWatcher ends it when the
     Worker's connection drops. That is Spark's behaviour, not Conflux's, and in CI after 9b9edda
     (the module's first such case) the orphan lived past 120 s. Then its threads are recorded
-    (``jstack``, in a warning the suite prints) and it is killed, as a process supervisor would;
+    (``jstack``, in a warning pytest prints) and it is killed, as a process supervisor would;
     the test goes on, since the master has marked its Worker dead and ``executors`` counts only
     a live Worker's children. Returns what the orphan was doing, or None if it exited."""
     deadline = time.monotonic() + timeout
@@ -469,12 +469,12 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
     """A CDC flow (current state and history) runs continuously on the cluster under Dagster;
     in silver batches, each caught mid-batch with the driver frozen (SIGSTOP) so where the fault
     lands is read, not guessed, one thing dies by SIGKILL: an executor, and under ``make chaos``
-    then a Worker daemon (with it, normally, its executor) and the driver. Spark replaces the executor
-    (on the surviving worker after the worker's death), the flow asset's retry policy starts a new
-    application after the driver's death; nobody intervenes. Every table then equals the
-    plain-Python model and each batch's MERGE is committed once. Under ``make chaos`` the retry is
-    recorded in Dagster's event log on PostgreSQL; in the suite there is none (Spark recovered by
-    itself) and the lease is still the first application's.
+    then a Worker daemon (with it, normally, its executor) and the driver. Spark replaces the
+    executor (on the surviving worker after the worker's death), the flow asset's retry policy
+    starts a new application after the driver's death; nobody intervenes. Every table then equals
+    the plain-Python model and each batch's MERGE is committed once. Under ``make chaos`` the
+    retry is recorded in Dagster's event log on PostgreSQL; in the suite there is none (Spark
+    recovered by itself) and the lease is still the first application's.
 
     The suite strikes the executor only: what that proves is the cluster's own (the tasks of a lost
     executor run again on a new one, and Delta commits only the files of the tasks that finished).
@@ -492,12 +492,13 @@ def test_executor_worker_and_driver_killed_mid_batch_lose_nothing(
     stream = CdcStream.make(FAULT_KEYS, seed=26)
     sent = stream.kafka_records()
     trigger = {"mode": "continuous", "interval": "1 second", "restart_delay": "2 seconds"}
-    # Bronze in a batch per strike (a file per partition each), silver a file per batch: twice as
-    # many silver batches as strikes, which leaves room for each strike and few batches after the
-    # last. The application the retry policy starts (make chaos) reads the spec again:
-    # it catches up in one batch after the replay (see strike 3).
+    # Bronze in a batch per strike, at least two (a file per partition each), silver a file per
+    # batch: at least twice as many silver batches as strikes, which leaves room for each strike
+    # (a pause that misses its batch tries the next) and few batches after the last. The
+    # application the retry policy starts (make chaos) reads the spec again: it catches up in one
+    # batch after the replay (see strike 3).
     strikes = 3 if FULL_SCHEDULE else 1
-    per_trigger = len(sent) // strikes + 1
+    per_trigger = len(sent) // max(strikes, 2) + 1
     flow = silver_flow("cl_faults", "cl_faults", trigger, max_offsets_per_trigger=per_trigger)
     flow["silver"]["max_files_per_trigger"] = 1
     spec = load_spec(write_spec(flows, flow))

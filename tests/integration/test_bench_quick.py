@@ -1,4 +1,10 @@
-"""``make bench-quick`` in the suite: the harness runs every runner on the same small topic.
+"""The benchmark harness's check: its throughput and latency runners on the same small topic.
+
+Not in ``make test`` (marker ``bench``, deselected in ``addopts``; ``make bench-quick`` runs it
+after its smoke run of every benchmark): it checks the harness, not Conflux, and took ~5 % of the
+suite's per-test time in the slow spells that brought CI near its 90-minute limit
+(bench/HISTORY.md, "Suite, seventeenth session"). Run ``make bench-quick`` after changing
+``bench/``.
 
 Checks results, not speed (full runs are in BENCHMARKS.md): each of the four throughput runners
 (Conflux's flow, the default hand-written Spark job, the confluent-kafka + delta-rs writer and
@@ -15,8 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.runtime import KafkaBroker
 
+pytestmark = pytest.mark.bench
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 QUICK_RECORDS = 3_000
 QUICK_COMMIT = 1_500
