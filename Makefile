@@ -224,7 +224,7 @@ chaos: setup project-bytecode ## Full-scale kill -9 runs of bronze, silver (loca
 bench: setup project-bytecode ## Full benchmark run (~3.5 h: bronze, silver freshness beside a hand-written MERGE job bare and with the same exactly-once writes, MERGE at 10M keys): regenerates BENCHMARKS.md
 	$(PY) bench/run.py --write-benchmarks
 
-bench-quick: setup project-bytecode ## Smoke run of every benchmark (~7 min), then the harness's check (~5 min, not in make test): the throughput and latency runners on one small topic hold the same rows and offsets
+bench-quick: setup project-bytecode ## Smoke run of every benchmark (~7 min), then the harness's check (~6 min, not in make test): the throughput and latency runners on one small topic hold the same rows and offsets
 	$(PY) bench/run.py --quick
 	$(VENV)/bin/pytest -m bench tests/integration/test_bench_quick.py $(PYTEST_ARGS)
 
