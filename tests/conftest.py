@@ -67,8 +67,8 @@ TESTS = Path(__file__).resolve().parent
 #: "SIGTERM ignored in half the suite"; the waits that run lost to ignored SIGTERMs taken off;
 #: test_cluster's estimated, less the driver and Worker kills left to ``make chaos``), rounded.
 #: pytest-xdist hands modules out in this order, so the heaviest go first and the last to finish
-#: is a short one, not a five-minute module run alone on one core. Modules under 15 s are left out: they keep their
-#: collection order, after these.
+#: is a short one, not a five-minute module run alone on one core. Modules under 15 s are left
+#: out: they keep their collection order, after these.
 MODULE_SECONDS = {
     "e2e/test_cluster.py": 380,
     "e2e/test_continuous_run.py": 200,
