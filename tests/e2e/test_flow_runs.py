@@ -14,6 +14,7 @@ from dagster import (
     asset,
     materialize,
 )
+from pyspark.sql import SparkSession
 
 from assets.definitions import build_definitions
 from pipelines.catalog.state import FlowState
@@ -112,11 +113,16 @@ def test_spark_failure_fails_the_run_with_the_spark_error(
 
 
 def test_a_silver_flow_materializes_every_table_it_writes(
-    conflux_env: Path, kafka_broker: KafkaBroker
+    conflux_env: Path, kafka_broker: KafkaBroker, spark: SparkSession
 ) -> None:
     """One run of a flow with a silver stage: bronze, events, current state and quarantine each
     get a materialization whose rows and Delta version are what delta-rs finds; the stream's
-    checks (rows accounted, one per expectation) are evaluated per batch and once for the run."""
+    checks (rows accounted, one per expectation) are evaluated per batch and once for the run.
+
+    ``spark``: the GX suites run in this process, on the active session if there is one. Without
+    it they would start the worker's JVM with the launched drivers' options (C1 only), and every
+    integration module after this one on the worker would run on that JVM (``spark`` re-uses
+    it)."""
     from pipelines.catalog.tables import declared_paths
     from tests.support.cdc import (
         ChangeEvent,

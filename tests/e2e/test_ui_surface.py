@@ -231,6 +231,7 @@ def test_in_a_browser_materialize_the_flow_then_backfill_three_dates(
         web.button("Materialize")
         web.button("Confirm")  # the flow is one multi-asset: its other tables come along
         run_id = wait_for(lambda: latest_run_of(ui, bronze, clicked), 60, "the run")
+        web.leave()
         ui.wait_status(run_id, DagsterRunStatus.SUCCESS, 600)
         web.open(f"/runs/{run_id}")
         web.page.get_by_text("Success", exact=True).first.wait_for()
@@ -259,6 +260,7 @@ def test_in_a_browser_materialize_the_flow_then_backfill_three_dates(
             60,
             "the backfill launched from the dialog",
         )
+        web.leave()
         done = ui.wait_backfill(launched["id"], 600)
         web.open(f"/runs/b/{launched['id']}?tab=runs")
         web.screenshot("04_backfill_succeeded")

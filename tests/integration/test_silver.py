@@ -13,12 +13,14 @@ writing the events table, the quarantine and the current-state table (keyed by `
 1. :func:`test_silver_current_state_equals_model_under_chaos`: one ``available_now`` run over the
    whole stream; the current table equals the model, the events table holds every change event
    once however often it was delivered, the quarantine every bad record with its reason.
-2. :func:`test_kill_during_merge_batches_replays_nothing`: the application is SIGKILLed during
-   silver batches, once after a batch's MERGE committed and before the batch's commit-log entry
-   (the window exactly-once depends on; helpers in :mod:`tests.support.chaos` pause the process
-   group and read the frozen files before each kill), then mid-batch; ``make chaos`` adds a
-   third kill in the first window, after the mid-batch kill's replay. After a
-   final ``available_now`` run the tables still equal the model, and the Delta log of the current
+2. :func:`test_kill_during_merge_batches_replays_nothing`: the application is SIGKILLed in a
+   silver batch after its MERGE committed and before the batch's commit-log entry (the window
+   exactly-once depends on; helpers in :mod:`tests.support.chaos` pause the process group and
+   read the frozen files before each kill); ``make chaos`` adds a kill mid-batch in the next
+   application, then one more in the first window after that kill's replay (the suite's
+   mid-batch kills of a silver batch: :mod:`tests.integration.test_debezium_source`, with
+   history, and the cluster's executor in :mod:`tests.e2e.test_cluster`). After a final
+   ``available_now`` run the tables still equal the model, and the Delta log of the current
    table holds every transaction ``(appId, version)`` in exactly one MERGE commit: the replays
    were skipped.
 
@@ -30,8 +32,8 @@ writer id), and runs on both the local disk and the store under ``make chaos``.
 Scale from the environment: ``SILVER_CHAOS_KEYS`` (default 1,000: 4,192 records, hundreds of
 stale, duplicate, re-created and deleted-at-the-end keys in its one batch; ``make chaos``:
 10,000) for the first test. For the second: ``SILVER_KILL_KEYS`` (default 600: 2,525 records,
-produced in three tranches, one before each killed run, so every run has fresh batches to kill
-in; the third feeds the catch-up, or ``make chaos``'s third kill);
+produced in three tranches, one before each killed run under ``make chaos``, so every run has
+fresh batches to kill in; in the suite the second and third feed the catch-up);
 ``SILVER_MAX_OFFSETS_PER_TRIGGER`` (450, under ``make chaos`` 400: a suite tranche is two bronze
 batches of three files, one per partition); ``SILVER_MAX_FILES_PER_TRIGGER`` (1: one bronze file
 per silver batch in the killed runs, so a tranche alone holds six small silver batches, one for
@@ -558,15 +560,13 @@ class TestSilverExactlyOnce:
                     kill_after_merge_commit(group, files, window, poll=polls[AFTER_DELTA_COMMIT])
                 )
             produce_tranche(1)
-            with launches.run("run-1", "continuous") as (group, out):
-                check_silver_restart(landings[-1], paths, group, out)
-                delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (MERGE batches last seconds)
-                replayed = landings[-1].batch_id  # aim at the first batch after the replay
-                landings.append(
-                    kill_mid_batch(
-                        group, files, mid_batch, delay, TRIES, after=replayed, poll=polls[MID_BATCH]
-                    )
-                )
+            if FULL_SCHEDULE:  # the suite's mid-batch kills: test_debezium_source, test_gold
+                with launches.run("run-1", "continuous") as (group, out):
+                    check_silver_restart(landings[-1], paths, group, out)
+                    delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (batches last seconds)
+                    replayed = landings[-1].batch_id  # aim at the first batch after the replay
+                    aimed = {"after": replayed, "poll": polls[MID_BATCH]}
+                    landings.append(kill_mid_batch(group, files, mid_batch, delay, TRIES, **aimed))
             produce_tranche(2)
             if FULL_SCHEDULE:
                 with launches.run("run-2", "continuous") as (group, out):
@@ -585,8 +585,8 @@ class TestSilverExactlyOnce:
             raise
         report()
 
-        repeat = [AFTER_DELTA_COMMIT] if FULL_SCHEDULE else []
-        assert [k.kind for k in landings] == [AFTER_DELTA_COMMIT, MID_BATCH, *repeat]
+        more = [MID_BATCH, AFTER_DELTA_COMMIT] if FULL_SCHEDULE else []
+        assert [k.kind for k in landings] == [AFTER_DELTA_COMMIT, *more]
         # The replays were skipped: no transaction of the current or history table in two
         # commits, and the killed batches' history MERGE once each.
         check_single_merge_per_txn(paths)

@@ -77,6 +77,11 @@ class Browser:
         pattern = re.compile(rf"^{re.escape(text)}$") if isinstance(text, str) else text
         self.page.locator("button:visible").filter(has_text=pattern).first.click()
 
+    def leave(self) -> None:
+        """A blank page while the test waits for a run: a page of the UI polls the webserver
+        every few seconds and renders each answer, CPU that the run waited for needs more."""
+        self.page.goto("about:blank")
+
     def screenshot(self, name: str) -> Path:
         path = self.shots / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
