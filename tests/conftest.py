@@ -65,7 +65,8 @@ TEST_DRIVER_CONF = {DEFAULT_JAVA_OPTIONS: TEST_DRIVER_JVM_OPTIONS, **TEST_SPARK_
 TESTS = Path(__file__).resolve().parent
 #: Seconds each module took in a full run of the suite on two workers (ci20, bench/HISTORY.md,
 #: "SIGTERM ignored in half the suite"; the waits that run lost to ignored SIGTERMs taken off;
-#: test_cluster's and test_silver's estimated after later cuts, "Suite, eighteenth session"), rounded.
+#: test_cluster's and test_silver's estimated after later cuts: "Suite, eighteenth session"),
+#: rounded.
 #: pytest-xdist hands modules out in this order, so the heaviest go first and the last to finish
 #: is a short one, not a five-minute module run alone on one core. Modules under 15 s are left
 #: out: they keep their collection order, after these.
