@@ -61,6 +61,13 @@ TRAINING_FLOW = {
         }
     ],
 }
+#: The training driver compiles with C1 alone: a short run on 200 events, whose C2 compilations
+#: would never pay back (the build took 224 and 216 s against 354 s with C2 on the same slow
+#: afternoon, bench/HISTORY.md). The archive holds parsed classes, never compiled code: a driver
+#: with both compilers maps it all the same (11,488 of its classes came from it).
+TRAINING_JVM = {
+    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=160m"
+}
 TIMEOUT_SECONDS = 600
 BROKER_SCRIPT = Path(__file__).resolve().parents[1] / "kafka" / "broker.py"
 
@@ -93,7 +100,7 @@ def train(archive: Path, runtime: Path) -> None:
         runtime_dir=runtime,
         flows_dir=runtime / "flows",
         kafka_bootstrap_servers=None,
-        spark_conf={"spark.ui.enabled": "false"},
+        spark_conf={"spark.ui.enabled": "false", **TRAINING_JVM},
     )
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("CONFLUX_")}
     env = settings_environment(settings, inherited)
