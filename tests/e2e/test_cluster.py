@@ -14,7 +14,7 @@ Needs root (the workers' mount namespaces, PostgreSQL run as its own user), as C
    ``dagster-daemon`` on PostgreSQL, launches a run over the closed day that rewrites it, equal
    to the model (tick and run recorded there). Late rows and their reconciliation are
    :mod:`tests.integration.test_gold`'s (on the S3 store too): on the cluster they would take a
-   second application.
+   second run of the flow.
 2. :func:`test_a_flow_with_a_local_table_is_refused_before_spark_starts`: by the launcher, before
    its lease is taken or an application registers with the master.
 3. :func:`test_workers_cannot_see_the_drivers_runtime_folder`.

@@ -301,7 +301,7 @@ def test_joins_capture_late_rows_of_both_sides_and_backfills_reconcile_them(
             spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
         )
         assert result.late_rows_covered == 3
-        if outer:  # run again, it changes nothing (both joins: one recompute path)
+        if outer:  # run again, it changes nothing (once per module; each join equals the model)
             again = backfill(
                 spark, flows["shop_orders"], spark_settings, table, BASE.date(), BASE.date()
             )

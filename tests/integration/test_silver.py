@@ -17,9 +17,9 @@ writing the events table, the quarantine and the current-state table (keyed by `
    silver batch after its MERGE committed and before the batch's commit-log entry (the window
    exactly-once depends on; helpers in :mod:`tests.support.chaos` pause the process group and
    read the frozen files before each kill); ``make chaos`` adds a kill mid-batch in the next
-   application, then one more in the first window after that kill's replay (the suite's
-   mid-batch kills of a silver batch: :mod:`tests.integration.test_debezium_source`, with
-   history, and the cluster's executor in :mod:`tests.e2e.test_cluster`). After a final
+   application, then one more in the first window after that kill's replay (in the suite, a
+   silver batch with history is killed mid-batch by :mod:`tests.integration.test_debezium_source`,
+   on the local disk; on the store, the zombie test freezes a bronze batch). After a final
    ``available_now`` run the tables still equal the model, and the Delta log of the current
    table holds every transaction ``(appId, version)`` in exactly one MERGE commit: the replays
    were skipped.
@@ -560,7 +560,7 @@ class TestSilverExactlyOnce:
                     kill_after_merge_commit(group, files, window, poll=polls[AFTER_DELTA_COMMIT])
                 )
             produce_tranche(1)
-            if FULL_SCHEDULE:  # the suite's mid-batch kills: test_debezium_source, test_gold
+            if FULL_SCHEDULE:  # the suite's mid-batch kill of a silver batch: test_debezium_source
                 with launches.run("run-1", "continuous") as (group, out):
                     check_silver_restart(landings[-1], paths, group, out)
                     delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (batches last seconds)
