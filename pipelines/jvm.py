@@ -102,6 +102,14 @@ def storage_jars(jars_dir: Path, required: bool) -> list[Path]:
     )
 
 
+#: JVM options of a Spark driver that lives seconds to a minute or two on small data (the test
+#: suite's launches, the class archive's training run): C1 alone, since C2's compiler threads cost
+#: more CPU than its faster code returns there (bench/HISTORY.md, "Suite after issue 22"). Never a
+#: product default: a long-running stream wants C2. C1 alone gets a 48 MB code cache, which the
+#: S3A and AWS SDK classes fill ("CodeCache is full. Compiler has been disabled": the driver then
+#: crawls, interpreted); hence the larger cache.
+SHORT_RUN_DRIVER_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=160m"
+
 #: Java class-data archive of a Spark driver with Delta (built by platform/jvm/class_archive.py).
 ARCHIVE_NAME = "spark-classes.jsa"
 #: Set by the archive builder only: the driver then dumps its classes to this path at exit.

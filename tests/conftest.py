@@ -16,21 +16,18 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.errors import ConfigError
-from pipelines.jvm import check_java, require_jars
+from pipelines.jvm import SHORT_RUN_DRIVER_OPTIONS, check_java, require_jars
 from pipelines.settings import Settings, load_settings
 from pipelines.spark import get_spark_session
 from pipelines.storage import S3Connection
 from tests.support.runtime import S3_STORE_SCRIPT, KafkaBroker, S3Store, ServiceCli
 
 #: JVM options of the short-lived Spark drivers the suite starts (spark-submit launches, Dagster
-#: runs), prepended to Conflux's own through Spark's ``defaultJavaOptions``. They live for seconds
-#: to a minute or two on small data, where the C2 compiler's threads cost more CPU than its faster
-#: code returns (bench/HISTORY.md, "Suite after issue 22"). Not for the suite's own session, which
-#: runs a whole worker's modules, nor a product default: a long-running stream wants C2.
-#: C1 alone gets a 48 MB code cache, which the S3A and AWS SDK classes fill ("CodeCache is full.
-#: Compiler has been disabled": the driver then crawls, interpreted); hence the larger cache.
+#: runs), prepended to Conflux's own through Spark's ``defaultJavaOptions``: C1 alone
+#: (:data:`pipelines.jvm.SHORT_RUN_DRIVER_OPTIONS` says why). Not for the suite's own session,
+#: which runs a whole worker's modules.
 DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
-TEST_DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=160m"
+TEST_DRIVER_JVM_OPTIONS = SHORT_RUN_DRIVER_OPTIONS
 #: JVM options of the suite's own session (one per worker, alive for all of the worker's modules):
 #: C2 kept, but a method must run five times as often as by default before C2 compiles it. Each
 #: test's queries bring classes of their own (Spark's generated code, each plan's closures) that
@@ -66,10 +63,9 @@ TESTS = Path(__file__).resolve().parent
 #: Seconds each module took in a full run of the suite on two workers (ci20, bench/HISTORY.md,
 #: "SIGTERM ignored in half the suite"; the waits that run lost to ignored SIGTERMs taken off;
 #: test_cluster's and test_silver's estimated after later cuts: "Suite, eighteenth session"),
-#: rounded.
-#: pytest-xdist hands modules out in this order, so the heaviest go first and the last to finish
-#: is a short one, not a five-minute module run alone on one core. Modules under 15 s are left
-#: out: they keep their collection order, after these.
+#: rounded. pytest-xdist hands modules out in this order, so the heaviest go first and the last to
+#: finish is a short one, not a five-minute module run alone on one core. Modules under 15 s are
+#: left out: they keep their collection order, after these.
 MODULE_SECONDS = {
     "e2e/test_cluster.py": 300,
     "e2e/test_continuous_run.py": 200,

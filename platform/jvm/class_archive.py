@@ -33,7 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipelines.errors import ConfigError
 from pipelines.job_progress import ticking
-from pipelines.jvm import ARCHIVE_NAME, DUMP_ENV, archive_key, check_java, class_archive
+from pipelines.jvm import (
+    ARCHIVE_NAME,
+    DUMP_ENV,
+    SHORT_RUN_DRIVER_OPTIONS,
+    archive_key,
+    check_java,
+    class_archive,
+)
 from pipelines.processes import group_pids
 from pipelines.profiles import Profile
 from pipelines.settings import load_settings, settings_environment
@@ -65,9 +72,7 @@ TRAINING_FLOW = {
 #: would never pay back (the build took 224 and 216 s against 354 s with C2 on the same slow
 #: afternoon, bench/HISTORY.md). The archive holds parsed classes, never compiled code: a driver
 #: with both compilers maps it all the same (11,488 of its classes came from it).
-TRAINING_JVM = {
-    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=160m"
-}
+TRAINING_JVM = {"spark.driver.defaultJavaOptions": SHORT_RUN_DRIVER_OPTIONS}
 TIMEOUT_SECONDS = 600
 BROKER_SCRIPT = Path(__file__).resolve().parents[1] / "kafka" / "broker.py"
 

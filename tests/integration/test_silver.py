@@ -565,8 +565,17 @@ class TestSilverExactlyOnce:
                     check_silver_restart(landings[-1], paths, group, out)
                     delay = lambda: rng.uniform(0.0, 1.0)  # noqa: E731  (batches last seconds)
                     replayed = landings[-1].batch_id  # aim at the first batch after the replay
-                    aimed = {"after": replayed, "poll": polls[MID_BATCH]}
-                    landings.append(kill_mid_batch(group, files, mid_batch, delay, TRIES, **aimed))
+                    landings.append(
+                        kill_mid_batch(
+                            group,
+                            files,
+                            mid_batch,
+                            delay,
+                            TRIES,
+                            after=replayed,
+                            poll=polls[MID_BATCH],
+                        )
+                    )
             produce_tranche(2)
             if FULL_SCHEDULE:
                 with launches.run("run-2", "continuous") as (group, out):
