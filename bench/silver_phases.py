@@ -33,6 +33,7 @@ from bench.orders import create_topic
 from bench.silver_latency import KEY_POOL, SCHEMA_DDL, change_event
 from pipelines.reporting import Reporter
 from pipelines.runner import EXIT_OK, StopRequest, run_flows
+from pipelines.sources import kafka as kafka_source
 from pipelines.spark import get_spark_session
 from pipelines.spec import load_spec
 from pipelines.stages import bronze as bronze_stage
@@ -154,6 +155,19 @@ def flow_document(
     }
 
 
+def patch_reader(extra: dict[str, str]) -> None:
+    """Spark's Kafka reader gets ``extra`` beside the options the flow's spec gives it (in this
+    process only: the spec lets only ``kafka.*`` client options through)."""
+    if not extra:
+        return
+    given = kafka_source.reader_options
+
+    def reader_options(*args: Any, **kwargs: Any) -> dict[str, str]:
+        return {**given(*args, **kwargs), **extra}
+
+    kafka_source.reader_options = reader_options
+
+
 def event_index(number: int, keys: int) -> int:
     """The :func:`change_event` index of the run's event ``number``: the first ``keys`` insert
     keys, each later one updates one of them in turn (same key, op ``u``, a higher lsn)."""
@@ -163,12 +177,14 @@ def event_index(number: int, keys: int) -> int:
     return KEY_POOL * (1 + rounds) + key
 
 
-def produce(bootstrap: str, topic: str, first: int, count: int, keys: int) -> None:
+def produce(
+    bootstrap: str, topic: str, first: int, count: int, keys: int, partitions: int = 3
+) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     now = time.time()
     for number in range(first, first + count):
         _, key, value = change_event(event_index(number, keys), now)
-        producer.produce(topic, key=key, value=value, partition=number % 3)
+        producer.produce(topic, key=key, value=value, partition=number % partitions)
         if number % 10_000 == 0:
             producer.poll(0)
     producer.flush()
@@ -205,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     conf.update(dict(item.split("=", 1) for item in args.conf))
     settings = bench_settings(workdir, args.jars, args.bootstrap, spark_conf=conf)
     topic = f"bench_phases_{int(time.time())}"
-    create_topic(args.bootstrap, topic, partitions=3)
+    create_topic(args.bootstrap, topic, partitions=args.partitions)
     spec_file = workdir / "flows" / "phases.yaml"
     spec_file.parent.mkdir(parents=True)
     spark = get_spark_session("bench-silver-phases", settings, ui=False)
@@ -214,6 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     results: dict[str, Any] = {"plan": plan}
     options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.table_option)}
+    patch_reader(dict(o.split("=", 1) for o in args.reader_option))
     try:
         for label, first, count, per_trigger in (
             ("initial load", 0, args.keys, args.keys),
@@ -222,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spec_file.write_text(
                 yaml.safe_dump(flow_document(topic, args.history, per_trigger, options))
             )
-            produce(args.bootstrap, topic, first, count, args.keys)
+            produce(args.bootstrap, topic, first, count, args.keys, args.partitions)
             clock.batches.clear()
             since_ms, started = time.time() * 1000, time.perf_counter()
             code = run_flows([load_spec(spec_file)], settings, Reporter(), StopRequest(None),
@@ -247,6 +264,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2_500, help="updates per measured batch")
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--history", action="store_true", help="a history table too")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=3,
+        help="the topic's partitions (a topic the broker creates itself has 1)",
+    )
+    parser.add_argument(
+        "--reader-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of Spark's Kafka reader, beside the flow's (repeatable), e.g. "
+        "minPartitions=6: a lever to measure",
+    )
     parser.add_argument("--jars", type=Path, default=PROJECT_ROOT / ".runtime" / "jars")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument(
