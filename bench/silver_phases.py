@@ -9,7 +9,8 @@ timed around its method; Spark's event log, read afterwards, says how many jobs 
 Delta spent reconstructing table snapshots ("Compute snapshot" jobs). One line per batch and a
 summary; ``--json FILE`` writes them. Producer, broker and Spark share this machine.
 
-It patches the stage's methods in this process only, to time them: a measurement, not a runner.
+It patches the stage's methods in this process only, to time them, and with ``--reader-option``
+the options Conflux gives Spark's Kafka reader: a measurement, not a runner.
 """
 
 from __future__ import annotations
@@ -296,6 +297,8 @@ def main() -> None:
         "e.g. change_data_feed=false",
     )
     args = parser.parse_args()
+    if args.partitions < 1:
+        parser.error("--partitions: at least 1")
     if not 0 < args.keys <= KEY_POOL:
         parser.error(f"--keys: 1 to {KEY_POOL:,} (the key pool of bench/silver_latency.py)")
     results = run(args)
