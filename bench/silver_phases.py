@@ -178,9 +178,7 @@ def event_index(number: int, keys: int) -> int:
     return KEY_POOL * (1 + rounds) + key
 
 
-def produce(
-    bootstrap: str, topic: str, first: int, count: int, keys: int, partitions: int = 3
-) -> None:
+def produce(bootstrap: str, topic: str, first: int, count: int, keys: int, partitions: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     now = time.time()
     for number in range(first, first + count):
