@@ -66,6 +66,7 @@ from pipelines.settings import Settings
 from pipelines.silver import changes
 from pipelines.silver import current as current_state
 from pipelines.silver import history as history_state
+from pipelines.silver.bound_plan import BoundPlan
 from pipelines.silver.changes import truncated_before
 from pipelines.silver.expectations import (
     ExpectationFailedError,
@@ -117,6 +118,7 @@ from pipelines.stages.silver_design import SilverDesign
 
 STAGE = SILVER_STAGE
 log = logging.getLogger(__name__)
+ParseSteps = tuple[FrameSteps, FrameSteps, BoundPlan]
 
 
 class SilverStage(SilverDesign, SilverChanges, QueryStage):
@@ -183,8 +185,8 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
         self.spec_columns = self.silver.declared_columns()
         #: Undeclared fields already logged as impossible column names.
         self.skipped_fields: set[str] = set()
-        #: judged -> (the spec it was built for, its parse and judge steps): :meth:`_parse_steps`.
-        self._parse_cache: dict[bool, tuple[SilverSpec, tuple[FrameSteps, FrameSteps]]] = {}
+        #: judged -> (the spec it was built for; its parse, judge, both bound): _parse_steps.
+        self._parse_cache: dict[bool, tuple[SilverSpec, ParseSteps]] = {}
 
     def _located(self, table: CatalogTable) -> str:
         """Where this run writes ``table``: beside the live one during a full refresh."""
@@ -256,23 +258,22 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
         unsent: Sequence[str] = (),
         held: list[DataFrame] | None = None,
     ) -> DataFrame:
-        """Parse a batch: rows, their schema changes (policy reasons, rescued fields) and (when
-        ``judged``) their expectations, in one projection; the expressions are built once per
-        spec (:mod:`pipelines.silver.steps`), only the batch id is the batch's own. ``unsent``:
-        columns some row holds Debezium's TOAST placeholder in, whose stored values are carried
-        forward before the rows are judged; the parse is held first (added to ``held``, for the
-        caller to release), since the carry reads it three times and Spark would otherwise
-        inline the parser into each read (pipelines/held.py)."""
-        parse, judge = self._parse_steps(judged)
+        """Parse a batch: rows, schema changes (policy reasons, rescued fields), (if ``judged``)
+        expectations, in one projection built (:mod:`pipelines.silver.steps`) and planned
+        (:mod:`pipelines.silver.bound_plan`) once per spec and input; then the batch id. ``unsent``:
+        columns with Debezium's TOAST placeholder, carried from stored rows before judging, the
+        parse held first (in ``held``, for the caller to release): the carry reads it thrice."""
+        parse, judge, bound = self._parse_steps(judged)
+        if judged and not unsent:  # unjudged: the design's one parse of no rows
+            return with_batch_id(bound.apply(bronze_rows), batch_id)
         parsed = with_batch_id(parse.apply(bronze_rows), batch_id)
         if unsent:
             assert held is not None, "the caller releases the held parse"
-            parsed = hold(parsed)
-            held.append(parsed)
+            held.append(parsed := hold(parsed))
             parsed = self._carry_unavailable(parsed, unsent, batch_id)
         return judge.apply(parsed)
 
-    def _parse_steps(self, judged: bool) -> tuple[FrameSteps, FrameSteps]:
+    def _parse_steps(self, judged: bool) -> ParseSteps:
         """The recorded parse of the current spec (evolving columns makes a new one)."""
         silver = self.silver
         cached = self._parse_cache.get(judged)
@@ -284,7 +285,8 @@ class SilverStage(SilverDesign, SilverChanges, QueryStage):
             frame = with_record_fields(frame, silver, self.spec_columns)
             return with_expectations(frame, silver.expectations) if judged else frame
 
-        steps = (parse, FrameSteps.record(judge))
+        judging = FrameSteps.record(judge)
+        steps = (parse, judging, BoundPlan(lambda frame: judging.apply(parse.apply(frame))))
         self._parse_cache[judged] = (silver, steps)
         return steps
 

@@ -16,6 +16,7 @@ from pipelines.catalog.roles import TableRole
 from pipelines.errors import ConfigError
 from pipelines.silver import current as current_state
 from pipelines.silver import history as history_state
+from pipelines.silver.bound_plan import varies_by_run
 from pipelines.silver.expectations import passes, with_expectations
 from pipelines.silver.parse import EVENT_METADATA, events_of
 from pipelines.silver.tables import (
@@ -259,8 +260,10 @@ class SilverDesign:
             try:
                 projected = parsed.select(condition)
                 kind = projected.schema[0].dataType.simpleString()
-                analyzed = projected._jdf.queryExecution().analyzed()
-                deterministic = bool(analyzed.expressions().head().deterministic())
+                expression = projected._jdf.queryExecution().analyzed().expressions().head()
+                deterministic = not varies_by_run(expression)
+                refs = expression.references().toSeq()
+                names = {refs.apply(i).name() for i in range(refs.size())}
                 if expectation.rule == "matches":  # compile the pattern as Spark (Java) does
                     parsed.sparkSession.range(1).select(
                         F.lit("").rlike(f"^(?:{expectation.args['pattern']})$")
@@ -280,6 +283,11 @@ class SilverDesign:
                     f"{where}: is not deterministic (randomness or the current time): a batch "
                     "replayed after a crash would be judged differently; compare with a column "
                     "such as _ingested_at instead"
+                )
+            if "_batch_id" in names:
+                raise ConfigError(
+                    f"{where}: names _batch_id, which is stamped on a row after it is judged (the "
+                    "judging is planned once for every batch); judge the row's own columns"
                 )
         try:
             self._count(with_expectations(parsed, expectations))

@@ -257,6 +257,8 @@ def test_a_fail_expectation_stops_the_flow_and_writes_nothing(
     ("case", "expr", "refusal"),
     [
         ("random", "amount > rand()", "is not deterministic"),
+        ("clock", "current_date() > DATE'2026-01-01'", "is not deterministic"),
+        ("batch", "_batch_id >= 0", "names _batch_id"),
         ("aggregate", "count(*) > 0", "no aggregates or window functions"),
         ("number", "amount + 1", "is double, not a condition"),
         # an unknown column is refused when the spec loads (tests/unit/test_spec_references.py)
